@@ -1,0 +1,76 @@
+"""The ``eaglewatch`` command.
+
+Each subcommand lives in its own module that exposes ``HELP``, ``add_arguments(parser)`` and
+``run(args) -> int``. Those modules keep heavy imports (torch, transformers, vLLM, Textual, paramiko)
+inside their functions, and only the chosen subcommand's module is imported, so that ``eaglewatch decode``
+starts fast on a machine that has none of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from types import ModuleType
+from typing import Sequence
+
+from eaglewatch import __version__
+from eaglewatch.errors import UserError
+
+COMMANDS: dict[str, str] = {
+    "prepare": "eaglewatch.pipeline.prepare",
+    "extract": "eaglewatch.pipeline.extract",
+    "verify": "eaglewatch.pipeline.verify",
+    "make-tiny-model": "eaglewatch.pipeline.tiny_model",
+    "decode": "eaglewatch.tui.decode.cli",
+    "demo": "eaglewatch.pipeline.demo",
+}
+
+
+def _load(name: str) -> ModuleType:
+    return importlib.import_module(COMMANDS[name])
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="eaglewatch",
+        description="Run, watch and restart EAGLE-3 hidden-state extraction jobs.",
+    )
+    parser.add_argument("--version", action="version", version=f"eaglewatch {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        if only is not None and name != only:
+            continue
+        try:
+            module = _load(name)
+        except ImportError:
+            # A module that is not there yet (or whose light imports fail) must not break the others.
+            if only is not None:
+                raise
+            continue
+        command_parser = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(command_parser)
+        command_parser.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    chosen = argv[0] if argv and argv[0] in COMMANDS else None
+    parser = build_parser(only=chosen)
+    args = parser.parse_args(argv)
+    if getattr(args, "_module", None) is None:
+        # No subcommand: the default is the local demo (later: the dashboard on it).
+        args = parser.parse_args(["demo", *argv])
+    try:
+        return int(args._module.run(args) or 0)
+    except UserError as exc:
+        print(f"eaglewatch {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"eaglewatch {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""A vLLM KV connector that writes each request's extracted hidden states as one finished sample file.
+
+vLLM's ``extract_hidden_states`` speculative method stores the aux layers' hidden states of every prompt token
+in the KV cache of a cache-only layer (heads = layers, head size = hidden). A KV connector reads them out when
+the request finishes. vLLM's stock example connector pins host memory and uses CUDA events, which CPU-only torch
+refuses, and it writes its own file layout. This one:
+
+* works on CUDA (async device-to-host copy on a side stream, then a writer thread) and on CPU (a plain copy);
+* writes the final ``hs_{id}.safetensors`` directly (``hidden_states [seq, n_layers, hidden]``, ``token_ids``,
+  ``loss_mask``), atomically: temporary name, fsync, rename. A file under its final name is always complete;
+* on a write error, leaves ``<final>.failed`` holding the message, so the driver can report it;
+* lets every tensor-parallel rank report the request as sent (only rank 0 writes), so vLLM's default
+  "wait for all workers" bookkeeping frees the blocks on any vLLM version.
+
+The driver passes, per request, ``SamplingParams(extra_args={"kv_transfer_params": {"eaglewatch_path": str,
+"eaglewatch_loss_mask": list[int]}})``. Loaded by vLLM through ``kv_connector_module_path``; nothing in vLLM is
+patched.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from eaglewatch.pipeline.output import write_sample_file
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    SupportsHMA,
+)
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.request import Request
+
+PATH_KEY = "eaglewatch_path"
+LOSS_MASK_KEY = "eaglewatch_loss_mask"
+
+
+@dataclass
+class _PendingWrite:
+    req_id: str
+    path: str
+    token_ids: list[int]
+    loss_mask: list[int] | None
+    block_ids: list[int]
+
+
+@dataclass
+class _WriteMetadata(KVConnectorMetadata):
+    writes: list[_PendingWrite] = field(default_factory=list)
+
+
+def _hidden_state_group(kv_cache_config: Any) -> int:
+    """Index of the KV cache group that holds the extracted hidden states."""
+    if kv_cache_config is None:
+        return 0
+    try:
+        from vllm.v1.kv_cache_interface import HiddenStateCacheSpec
+    except ImportError:  # older vLLM: a single group
+        return 0
+    groups = kv_cache_config.kv_cache_groups
+    for gid, group in enumerate(groups):
+        if isinstance(group.kv_cache_spec, HiddenStateCacheSpec):
+            return gid
+    return 0
+
+
+class EaglewatchHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
+    def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole, kv_cache_config: Any = None):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        self._group_id = _hidden_state_group(kv_cache_config)
+        # Scheduler side: writes waiting to be handed to the workers with the next step's metadata.
+        self._pending: dict[str, _PendingWrite] = {}
+        # Worker side.
+        self._kv_cache: torch.Tensor | None = None
+        self._block_size = vllm_config.cache_config.block_size
+        self._is_writer = True
+        self._copy_stream: Any = None
+        self._copy_events: dict[str, Any] = {}
+        self._finished: set[str] = set()
+        threads = int(self._kv_transfer_config.get_from_extra_config("num_writer_threads", 4))
+        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="eaglewatch-write")
+
+    # ---------------------------------------------------------------- worker side
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        from vllm.config import get_layers_from_vllm_config
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+        from vllm.model_executor.models.extract_hidden_states import CacheOnlyAttentionLayer
+
+        self._is_writer = get_tensor_model_parallel_rank() == 0
+        layers = get_layers_from_vllm_config(self._vllm_config, CacheOnlyAttentionLayer, list(kv_caches))
+        if len(layers) != 1:
+            raise RuntimeError(
+                f"expected exactly one hidden-states cache layer, found {len(layers)}: is the speculative "
+                "method 'extract_hidden_states'?"
+            )
+        self._kv_cache = kv_caches[next(iter(layers))]
+        # Views are [num_blocks, layers, block_size, hidden]; the block size must be the buffer's own.
+        self._block_size = int(self._kv_cache.shape[2])
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        return None  # store only
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return None
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
+        return None  # the cache-only layer already holds the states; they are read out in get_finished
+
+    def wait_for_save(self) -> None:
+        return None
+
+    def _gather(self, write: _PendingWrite) -> torch.Tensor:
+        assert self._kv_cache is not None
+        blocks = torch.tensor(write.block_ids, dtype=torch.long)
+        offsets = torch.arange(self._block_size, dtype=torch.long)
+        slots = (blocks[:, None] * self._block_size + offsets[None, :]).flatten()[: len(write.token_ids)]
+        slots = slots.to(self._kv_cache.device)
+        return self._kv_cache[slots // self._block_size, :, slots % self._block_size]
+
+    def _submit(self, write: _PendingWrite) -> None:
+        states = self._gather(write)
+        if states.is_cuda:
+            # Copy on a side stream into pinned memory so the forward pass is not blocked.
+            if self._copy_stream is None:
+                self._copy_stream = torch.cuda.Stream()
+            ready = torch.cuda.Event()
+            ready.record()
+            self._copy_stream.wait_event(ready)
+            with torch.cuda.stream(self._copy_stream):
+                host = torch.empty(states.shape, dtype=states.dtype, pin_memory=True)
+                host.copy_(states, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(self._copy_stream)
+            self._copy_events[write.req_id] = done
+        else:
+            host, done = states.clone(), None
+        tensors = {"hidden_states": host, "token_ids": torch.tensor(write.token_ids, dtype=torch.int64)}
+        if write.loss_mask is not None:
+            tensors["loss_mask"] = torch.tensor(write.loss_mask, dtype=torch.int8)
+        self._executor.submit(self._write, write.path, tensors, done)
+
+    @staticmethod
+    def _write(path: str, tensors: dict[str, torch.Tensor], done: Any) -> None:
+        try:
+            if done is not None:
+                done.synchronize()
+            write_sample_file(path, {k: v.contiguous() for k, v in tensors.items()})
+        except BaseException as exc:  # the driver is waiting on this file: tell it why it will not come
+            with open(path + ".failed", "w") as f:
+                f.write(f"{type(exc).__name__}: {exc}\n")
+            raise
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        if self.has_connector_metadata():
+            metadata = self._get_connector_metadata()
+            if isinstance(metadata, _WriteMetadata):
+                for write in metadata.writes:
+                    if self._is_writer:
+                        self._submit(write)
+        self._finished.update(finished_req_ids)
+        sent: set[str] = set()
+        for req_id in list(self._finished):
+            event = self._copy_events.get(req_id)
+            if event is not None and not event.query():
+                continue  # the device-to-host copy is still running; its blocks must stay allocated
+            self._copy_events.pop(req_id, None)
+            self._finished.discard(req_id)
+            sent.add(req_id)
+        return (sent or None), None
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=True)
+
+    # ------------------------------------------------------------- scheduler side
+    def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:
+        return 0, False
+
+    def update_state_after_alloc(self, request: "Request", blocks: Any, num_external_tokens: int) -> None:
+        return None
+
+    def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
+        metadata = _WriteMetadata(writes=list(self._pending.values()))
+        self._pending.clear()
+        return metadata
+
+    def request_finished(self, request: "Request", block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        params = request.kv_transfer_params or {}
+        path = params.get(PATH_KEY)
+        if path is None or request.prompt_token_ids is None:
+            return False, None  # not one of ours (or aborted before it ran): nothing to write
+        self._pending[request.request_id] = _PendingWrite(
+            req_id=request.request_id,
+            path=str(path),
+            token_ids=list(request.prompt_token_ids),
+            loss_mask=params.get(LOSS_MASK_KEY),
+            block_ids=list(block_ids),
+        )
+        # True: keep the blocks until get_finished reports the copy done.
+        return True, {"hidden_states_path": path}
+
+    def request_finished_all_groups(
+        self, request: "Request", block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        if not 0 <= self._group_id < len(block_ids):
+            return False, None
+        return self.request_finished(request, block_ids[self._group_id])
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: "VllmConfig") -> str | None:
+        # One token's layers stay together in memory, which the gather above relies on.
+        return "LBNHC"

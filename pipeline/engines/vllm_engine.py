@@ -1,0 +1,173 @@
+"""The vLLM engine: native hidden-state extraction (``extract_hidden_states``), tensor parallel.
+
+Prompts go in as token ids with ``max_tokens=1``; eaglewatch's KV connector (loaded through
+``kv_connector_module_path``) writes each request's file. Nothing inside vLLM is patched.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from eaglewatch.pipeline.prepared_data import Sample
+
+CONNECTOR_CLASS = "EaglewatchHiddenStatesConnector"
+CONNECTOR_MODULE = "eaglewatch.pipeline.engines.vllm_connector"
+CPU_DEFAULT_KV_CACHE_BYTES = 512 << 20
+
+
+class WriteFailed(RuntimeError):
+    """The connector could not write a sample file."""
+
+
+def extraction_llm_kwargs(
+    model_path: str,
+    layer_ids: Sequence[int],
+    *,
+    tp_size: int,
+    dtype: str,
+    max_seq_len: int,
+    gpu_memory_utilization: float,
+    kv_cache_memory_bytes: int | None,
+    enforce_eager: bool,
+    trust_remote_code: bool,
+    max_num_seqs: int | None = None,
+) -> dict[str, Any]:
+    """The ``vllm.LLM`` arguments for a native hidden-state extraction (also what bench/ uses for bare vLLM)."""
+    kwargs: dict[str, Any] = dict(
+        model=model_path,
+        tensor_parallel_size=tp_size,
+        dtype=dtype,
+        # Room for the prompt, the one generated token and the speculative slot.
+        max_model_len=max_seq_len + 8,
+        enforce_eager=enforce_eager,
+        trust_remote_code=trust_remote_code,
+        skip_tokenizer_init=True,
+        enable_prefix_caching=False,
+        speculative_config={
+            "method": "extract_hidden_states",
+            "num_speculative_tokens": 1,
+            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(layer_ids)}},
+        },
+        kv_transfer_config={
+            "kv_connector": CONNECTOR_CLASS,
+            "kv_connector_module_path": CONNECTOR_MODULE,
+            "kv_role": "kv_producer",
+        },
+    )
+    if kv_cache_memory_bytes:
+        kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+    else:
+        kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+    if max_num_seqs:
+        kwargs["max_num_seqs"] = max_num_seqs
+    return kwargs
+
+
+class VLLMEngine:
+    name = "vllm"
+
+    def __init__(self, model_path: str | Path, layer_ids: Sequence[int], *, dtype: str, tp_size: int,
+                 max_seq_len: int, gpu_memory_utilization: float, kv_cache_memory_bytes: int | None = None,
+                 enforce_eager: bool | None = None, trust_remote_code: bool = False, seed: int = 0):
+        self.model_path = str(model_path)
+        self.layer_ids = list(layer_ids)
+        self.options = dict(tp_size=tp_size, dtype=dtype, max_seq_len=max_seq_len,
+                            gpu_memory_utilization=gpu_memory_utilization,
+                            kv_cache_memory_bytes=kv_cache_memory_bytes, enforce_eager=enforce_eager,
+                            trust_remote_code=trust_remote_code)
+        self.seed = seed
+        self.llm: Any = None
+        self._on_cpu = False
+
+    def load(self) -> None:
+        from vllm import LLM
+        from vllm.platforms import current_platform
+
+        self._on_cpu = current_platform.is_cpu()
+        options = dict(self.options)
+        if self._on_cpu:
+            # The CPU backend sizes its cache from a fraction of host RAM, which fails on small VMs; ask for a size.
+            options["kv_cache_memory_bytes"] = options["kv_cache_memory_bytes"] or CPU_DEFAULT_KV_CACHE_BYTES
+            if options["enforce_eager"] is None:
+                options["enforce_eager"] = True
+        options["enforce_eager"] = bool(options["enforce_eager"])
+        self.llm = LLM(seed=self.seed, **extraction_llm_kwargs(self.model_path, self.layer_ids, **options))
+
+    def submit(self, samples: Sequence[Sample], paths: Sequence[Path]) -> None:
+        from vllm import SamplingParams
+
+        prompts = [{"prompt_token_ids": s.input_ids} for s in samples]
+        params = [
+            SamplingParams(
+                max_tokens=1,
+                detokenize=False,
+                extra_args={"kv_transfer_params": {"eaglewatch_path": str(p), "eaglewatch_loss_mask": s.loss_mask}},
+            )
+            for s, p in zip(samples, paths)
+        ]
+        self.llm.generate(prompts, params, use_tqdm=False)
+
+    def wait_written(self, paths: Sequence[Path], timeout_s: float) -> None:
+        """The connector writes in background threads; a file appears under its final name once complete."""
+        deadline = time.monotonic() + timeout_s
+        pending = [Path(p) for p in paths]
+        delay = 0.001
+        while pending:
+            still = []
+            for path in pending:
+                failed = Path(f"{path}.failed")
+                if failed.exists():
+                    raise WriteFailed(f"writing {path.name} failed: {failed.read_text().strip()}")
+                if not path.exists():
+                    still.append(path)
+            pending = still
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                raise WriteFailed(f"{len(pending)} sample files did not appear within {timeout_s:.0f} s, "
+                                  f"e.g. {pending[0].name}")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+    def versions(self) -> dict[str, str]:
+        import torch
+        import transformers
+        import vllm
+
+        return {"vllm": vllm.__version__, "torch": torch.__version__, "transformers": transformers.__version__}
+
+    def device_names(self) -> list[str]:
+        if self._on_cpu:
+            return []
+        import torch
+
+        count = min(torch.cuda.device_count(), int(self.options["tp_size"]))
+        return [torch.cuda.get_device_name(i) for i in range(count)]
+
+    def close(self) -> None:
+        if self.llm is not None:
+            engine = getattr(self.llm, "llm_engine", None)
+            shutdown = getattr(engine, "shutdown", None)
+            if callable(shutdown):
+                shutdown()
+            self.llm = None
+
+
+def visible_gpu_count() -> int:
+    """GPUs this process may use, without initialising CUDA (cheap, and safe before vLLM forks)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    try:
+        import pynvml  # nvidia-ml-py
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetCount())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return 0
