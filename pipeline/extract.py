@@ -236,7 +236,7 @@ def run_extract(cfg: ExtractConfig, echo=sys.stderr) -> dict[str, Any]:
             model_path=str(plan.info.path), architectures=list(plan.info.architectures),
             num_hidden_layers=plan.info.num_hidden_layers, hidden_size=plan.info.hidden_size,
             prepared_data=str(Path(cfg.prepared_data).resolve()), engine=cfg.engine, tp_size=cfg.tp_size,
-            rank=cfg.rank, world_size=cfg.world_size, batch_size=cfg.batch_size, status="running",
+            rank=cfg.rank, world_size=cfg.world_size, batch_size=cfg.batch_size, max_samples=cfg.max_samples, status="running",
             started_at=started, samples_total=len(plan.samples), tokens_total=plan.total_tokens,
         )
         output.write_manifest_file(plan.output_dir / plan.manifest_name, manifest)
