@@ -33,14 +33,14 @@ class EventLog:
             if key in seen:
                 continue
             seen.add(key)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            self._files.append(open(target, "ab", buffering=0))
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                self._files.append(open(target, "ab", buffering=0))
+            except OSError:
+                # An unwritable output folder is reported by the run's own checks, with a clear message;
+                # the events still reach the other targets (the agent's run directory).
+                continue
         self._echo = echo
-
-    def add_file(self, path: str | Path) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._files.append(open(path, "ab", buffering=0))
 
     def emit(self, kind: str, **fields: Any) -> dict[str, Any]:
         event = protocol.make_event(kind, **fields)

@@ -1,0 +1,69 @@
+"""Shared fixtures. Models are built once per test session with the project's own tiny-model factory."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+EAGLEWATCH = [sys.executable, "-m", "eaglewatch"]
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 600, cwd: str | None = None
+            ) -> subprocess.CompletedProcess:
+    """Run the real ``eaglewatch`` command in a subprocess, as an operator would."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([*EAGLEWATCH, *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                          env=full_env, cwd=cwd)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> Path:
+    """A float32 Llama: hidden 128, 4 layers, 4 heads, 2 KV heads, in 8 safetensors shards."""
+    pytest.importorskip("torch")
+    from eaglewatch.pipeline.tiny_model import BASE_CONFIGS, make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("models") / "llama", dict(BASE_CONFIGS["llama"]), shards=8)
+
+
+@pytest.fixture(scope="session")
+def prepared_data(tiny_llama, tmp_path_factory) -> Path:
+    """The bundled chat data, tokenized for the tiny Llama (64 samples)."""
+    from eaglewatch.assets import SAMPLE_CHAT_DATA
+    from eaglewatch.pipeline.prepare import load_tokenizer, prepare
+
+    out = tmp_path_factory.mktemp("data") / "prepared.jsonl"
+    prepare(SAMPLE_CHAT_DATA, out, load_tokenizer(str(tiny_llama)), max_length=512)
+    return out
+
+
+@pytest.fixture(scope="session")
+def hf_reference(tiny_llama, prepared_data, tmp_path_factory) -> Path:
+    """An uninterrupted HF-engine extraction (layers 1 2 4), the reference other runs are compared with."""
+    out = tmp_path_factory.mktemp("hf-ref")
+    proc = run_cli("extract", "--engine", "hf", "--model-path", tiny_llama, "--prepared-data", prepared_data,
+                   "--output-dir", out, "--layer-ids", "1", "2", "4", "--batch-size", "8", "--max-seq-len", "512")
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def read_events(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def load_outputs(folder: Path) -> dict[str, dict]:
+    from safetensors.torch import load_file
+
+    return {p.name: load_file(str(p)) for p in sorted(folder.glob("hs_*.safetensors"))}
+
+
+def file_bytes(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.glob("hs_*.safetensors"))}
