@@ -64,7 +64,7 @@ def test_tensor_parallel_2(tiny_llama, prepared_data, hf_reference, tmp_path):
     proc = run_cli(*vllm_args(tiny_llama, prepared_data, out, "--tp-size", "2"),
                    env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"})
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "Worker_TP1" in proc.stderr
+    assert "(Worker_TP1 pid=" in proc.stdout + proc.stderr
     assert max_abs_diff(out, hf_reference) < 1e-5
 
 

@@ -30,6 +30,9 @@ class Engine(Protocol):
     def submit(self, samples: Sequence["Sample"], paths: Sequence["Path"]) -> None:
         """Compute a batch; its files may still be in flight when this returns."""
 
+    def flush(self) -> None:
+        """Make sure every submitted batch's files will be written (after the last submit)."""
+
     def wait_written(self, paths: Sequence["Path"], timeout_s: float) -> None:
         """Block until every file in ``paths`` is under its final name; raise if a write failed."""
 

@@ -80,8 +80,11 @@ class HFEngine:
                 "loss_mask": torch.tensor(sample.loss_mask, dtype=torch.int8),
             })
 
-    def wait_written(self, paths: Sequence[Path], timeout_s: float) -> None:
+    def flush(self) -> None:
         return None  # submit writes synchronously
+
+    def wait_written(self, paths: Sequence[Path], timeout_s: float) -> None:
+        return None
 
     def versions(self) -> dict[str, str]:
         import torch

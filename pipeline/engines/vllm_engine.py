@@ -71,7 +71,8 @@ class VLLMEngine:
 
     def __init__(self, model_path: str | Path, layer_ids: Sequence[int], *, dtype: str, tp_size: int,
                  max_seq_len: int, gpu_memory_utilization: float, kv_cache_memory_bytes: int | None = None,
-                 enforce_eager: bool | None = None, trust_remote_code: bool = False, seed: int = 0):
+                 enforce_eager: bool | None = None, trust_remote_code: bool = False, seed: int = 0,
+                 deterministic: bool = True):
         self.model_path = str(model_path)
         self.layer_ids = list(layer_ids)
         self.options = dict(tp_size=tp_size, dtype=dtype, max_seq_len=max_seq_len,
@@ -79,10 +80,17 @@ class VLLMEngine:
                             kv_cache_memory_bytes=kv_cache_memory_bytes, enforce_eager=enforce_eager,
                             trust_remote_code=trust_remote_code)
         self.seed = seed
+        self.deterministic = deterministic
         self.llm: Any = None
         self._on_cpu = False
 
     def load(self) -> None:
+        if self.deterministic:
+            # With the engine core in its own process, requests reach it one by one while it is already
+            # scheduling, so how a batch is split into steps (and the float rounding) depends on timing.
+            # In-process, a batch is scheduled whole: the same batches give bit-identical files, which is what
+            # makes a resumed run equal to an uninterrupted one.
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from vllm import LLM
         from vllm.platforms import current_platform
 
@@ -109,6 +117,17 @@ class VLLMEngine:
             for s, p in zip(samples, paths)
         ]
         self.llm.generate(prompts, params, use_tqdm=False)
+
+    def flush(self) -> None:
+        """Hand the connector the last batch's writes.
+
+        A request's hidden states are read out in the engine step after the one that finished it. After the last
+        batch no step would come, so run one for a 1-token request that writes nothing.
+        """
+        from vllm import SamplingParams
+
+        self.llm.generate([{"prompt_token_ids": [0]}], SamplingParams(max_tokens=1, detokenize=False),
+                          use_tqdm=False)
 
     def wait_written(self, paths: Sequence[Path], timeout_s: float) -> None:
         """The connector writes in background threads; a file appears under its final name once complete."""
