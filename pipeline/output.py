@@ -31,23 +31,49 @@ def sample_path(output_dir: str | Path, sample_id: str) -> Path:
     return Path(output_dir) / f"hs_{sample_id}.safetensors"
 
 
-def write_sample_file(path: str | Path, tensors: dict[str, Any]) -> int:
-    """Write torch tensors to ``path`` atomically; return the bytes written."""
-    from safetensors.torch import save
+TORCH_TO_SAFETENSORS = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "float64": "F64", "int64": "I64",
+                        "int32": "I32", "int8": "I8", "uint8": "U8", "bool": "BOOL"}
 
+
+def write_sample_file(path: str | Path, tensors: dict[str, Any]) -> int:
+    """Write torch tensors to ``path`` in safetensors format, atomically; return the bytes written.
+
+    The header is built here and each tensor's memory is written as it lies, with no serialised copy of the whole
+    file in between: this is the hot path of extraction (about 56 KiB per token for a Kimi-sized model).
+    Temporary name, fsync, rename: a file under its final name is always complete.
+    """
     path = str(path)
+    names = sorted(tensors)
+    buffers = []
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name in names:
+        tensor = tensors[name].detach().contiguous()
+        dtype = TORCH_TO_SAFETENSORS[str(tensor.dtype).removeprefix("torch.")]
+        raw = tensor.reshape(-1).view(torch_uint8()).numpy() if tensor.numel() else b""
+        header[name] = {"dtype": dtype, "shape": list(tensor.shape), "data_offsets": [offset, offset + len(raw)]}
+        buffers.append(raw)
+        offset += len(raw)
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
     tmp = f"{path}.tmp.{os.getpid()}"
-    data = save(tensors)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        for chunk in (struct.pack("<Q", len(head)), head, *buffers):
+            view = memoryview(chunk).cast("B")
+            while view:
+                view = view[os.write(fd, view):]
         os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    return len(data)
+    return 8 + len(head) + offset
+
+
+def torch_uint8() -> Any:
+    import torch
+
+    return torch.uint8
 
 
 def read_header(path: str | Path) -> dict[str, Any]:
