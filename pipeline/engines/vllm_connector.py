@@ -19,6 +19,7 @@ patched.
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,9 @@ if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.request import Request
 
+# For demos and tests of the failure path: "worker_assert:N" makes the writing worker fail a bare `assert` (an
+# AssertionError with an empty message, like vLLM's block_hashes assertion) after it has written N samples.
+FAULT_ENV = "EAGLEWATCH_INJECT_FAULT"
 PATH_KEY = "eaglewatch_path"
 LOSS_MASK_KEY = "eaglewatch_loss_mask"
 
@@ -54,6 +58,13 @@ class _PendingWrite:
 @dataclass
 class _WriteMetadata(KVConnectorMetadata):
     writes: list[_PendingWrite] = field(default_factory=list)
+
+
+def _parse_fault(spec: str) -> int | None:
+    kind, _, count = spec.partition(":")
+    if kind != "worker_assert":
+        return None
+    return int(count or 0)
 
 
 def _hidden_state_group(kv_cache_config: Any) -> int:
@@ -84,6 +95,8 @@ class EaglewatchHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
         self._copy_stream: Any = None
         self._copy_events: dict[str, Any] = {}
         self._finished: set[str] = set()
+        self._writes_submitted = 0
+        self._fault_after = _parse_fault(os.environ.get(FAULT_ENV, ""))
         threads = int(self._kv_transfer_config.get_from_extra_config("num_writer_threads", 4))
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="eaglewatch-write")
 
@@ -125,6 +138,9 @@ class EaglewatchHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
         return self._kv_cache[slots // self._block_size, :, slots % self._block_size]
 
     def _submit(self, write: _PendingWrite) -> None:
+        if self._fault_after is not None:
+            assert self._writes_submitted < self._fault_after
+        self._writes_submitted += 1
         states = self._gather(write)
         if states.is_cuda:
             # Copy on a side stream into pinned memory so the forward pass is not blocked.
