@@ -1,0 +1,42 @@
+"""Log decoder: a job's raw byte stream -> lanes, progress bars, tracebacks with their root cause, hints.
+
+Pure standard library: it imports neither Textual nor paramiko nor torch, so the operator side and
+``eaglewatch decode`` run anywhere. The pieces, one job each:
+
+* ``lines``: bytes -> text segments (``\\n``/``\\r``, UTF-8, ANSI escapes), across any chunking;
+* ``lanes``: process prefixes (``(Worker_TP0 pid=1)``, ``(VllmWorker rank=3 pid=2)``, ``[rank1]:``, ...);
+* ``header``: logger headers -> level, time, source;
+* ``bars``: tqdm bars -> :class:`BarUpdate`;
+* ``traceback``: per-lane traceback assembly (chains, groups, faulthandler, C++ aborts);
+* ``deaths``: "killed by signal", "died unexpectedly";
+* ``rootcause``: grouping across ranks and ranking, root cause first; ``hints``: the hint table;
+* ``decoder``: :class:`Decoder` ties them together; ``state``: :class:`DecodeState`, what a dashboard reads;
+* ``report``: JSON and text output; ``live``/``cli``: ``eaglewatch decode``.
+"""
+
+from eaglewatch.tui.decode.decoder import Decoder, decode_bytes
+from eaglewatch.tui.decode.events import (
+    BarUpdate,
+    ExceptionRecord,
+    Frame,
+    LineEvent,
+    ProcessDeath,
+    TracebackEvent,
+)
+from eaglewatch.tui.decode.rootcause import FailureGroup
+from eaglewatch.tui.decode.state import BarState, DecodeState, LaneState
+
+__all__ = [
+    "BarState",
+    "BarUpdate",
+    "DecodeState",
+    "Decoder",
+    "ExceptionRecord",
+    "FailureGroup",
+    "Frame",
+    "LaneState",
+    "LineEvent",
+    "ProcessDeath",
+    "TracebackEvent",
+    "decode_bytes",
+]

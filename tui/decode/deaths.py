@@ -1,0 +1,103 @@
+"""Lines that say a process died: killed by a signal, by the OOM killer, or "died unexpectedly".
+
+Such a line is often all that is left of a worker that was killed (SIGKILL leaves no traceback), so it
+becomes a failure of its own. Lines at INFO or DEBUG are never read as deaths: a clean shutdown logs
+"force killing remaining process ..." at those levels and that is not a failure.
+"""
+
+from __future__ import annotations
+
+import re
+import signal as _signal
+from typing import Optional
+
+from eaglewatch.tui.decode.events import ProcessDeath
+
+_SIGNAL_WORDS = {
+    "Segmentation fault": "SIGSEGV",
+    "Aborted": "SIGABRT",
+    "Bus error": "SIGBUS",
+    "Illegal instruction": "SIGILL",
+    "Floating point exception": "SIGFPE",
+    "Killed": "SIGKILL",
+}
+
+_SUBJECT = re.compile(
+    r"(?:\bproc(?:ess)?|\b[Ww]orker|\bPID|\bpid)\s+(?P<subject>[A-Za-z_][\w.\-]*(?: rank=\d+)?|\d+)"
+    r"(?:\s+\(?pid[=: ]\s*\d+\)?)?\s+(?:has\s+)?(?:died|exited|was killed|terminated)"
+)
+_SIGNUM = re.compile(
+    r"(?:exit ?code|exitcode|return ?code|returncode)[ =:]+\s*-(?P<num>\d+)"
+    r"|(?:killed|terminated|died|exited) (?:by|with|from|due to) signal:? ?(?P<num2>\d+|SIG[A-Z]+)"
+    r"|\bSignal (?P<num3>\d+) \((?P<name3>SIG[A-Z]+)\) received"
+    r"|<Signals\.(?P<name4>SIG[A-Z]+): \d+>"
+)
+_CORE_DUMPED = re.compile(
+    r"(?P<word>Segmentation fault|Aborted|Bus error|Illegal instruction|Floating point exception)\s+\(core dumped\)"
+)
+_KILLED = re.compile(r"(?:^|\bline \d+:\s+(?P<pid>\d+)\s+)Killed\b")
+_OOM_KILLER = re.compile(r"Out of memory: Kill(?:ed)? process (?P<pid>\d+)")
+_DIED = re.compile(r"\bdied\b|\bwas killed\b")
+
+_SKIP_LEVELS = frozenset({"INFO", "DEBUG"})
+
+
+def maybe_death(msg: str) -> bool:
+    """Cheap test: could this line be a death notice?"""
+    return (
+        "died" in msg
+        or "ignal" in msg
+        or "Killed" in msg
+        or "killed" in msg
+        or "core dumped" in msg
+        or "xit code" in msg
+        or "xitcode" in msg
+        or "eturncode" in msg
+    )
+
+
+def signal_name(value: str) -> Optional[str]:
+    if value.startswith("SIG"):
+        return value
+    try:
+        return _signal.Signals(int(value)).name
+    except (ValueError, KeyError):
+        return f"signal {value}"
+
+
+def parse_death(
+    msg: str,
+    lane: str,
+    line_no: int,
+    level: Optional[str] = None,
+    time: Optional[str] = None,
+    source: Optional[str] = None,
+    pid: Optional[int] = None,
+) -> Optional[ProcessDeath]:
+    """A :class:`ProcessDeath` when the line says a process died, else None."""
+    if level in _SKIP_LEVELS:
+        return None
+    text = msg.strip()
+    sig: Optional[str] = None
+    found = _SIGNUM.search(text)
+    if found:
+        value = found.group("num") or found.group("num2") or found.group("name3") or found.group("name4")
+        sig = signal_name(value)
+    else:
+        dumped = _CORE_DUMPED.search(text)
+        if dumped:
+            sig = _SIGNAL_WORDS[dumped.group("word")]
+        elif _OOM_KILLER.search(text) or _KILLED.search(text):
+            sig = "SIGKILL"
+    subject_match = _SUBJECT.search(text)
+    if sig is None and not subject_match and not _DIED.search(text):
+        return None
+    if sig is None and not (subject_match or "died unexpectedly" in text or "was killed" in text):
+        return None
+    subject = subject_match.group("subject") if subject_match else None
+    if subject is not None and subject.isdigit():
+        subject = f"pid={subject}"
+    return ProcessDeath(
+        lane=lane, subject=subject, signal=sig, text=text, line_no=line_no, level=level, time=time,
+        source=source, pid=pid,
+    )

@@ -1,0 +1,327 @@
+"""The incremental decoder: bytes in, events out, state kept up to date.
+
+    decoder = Decoder()
+    for chunk in chunks:            # any sizes: mid-line, mid-UTF-8, mid-escape-sequence are all fine
+        events = decoder.feed(chunk)
+    events += decoder.finish()      # end of input: completes the last line and any open traceback
+    decoder.state.failures_ranked()[0]   # the root cause
+
+Per segment (a piece of a line closed by ``\\n`` or ``\\r``): find the lane prefix, split off the logger
+header, read a tqdm bar if there is one (text glued after a bar is read as a line of its own, and so is a
+prefixed line glued after unfinished text), then hand the line to its process's traceback assembler and
+look for a death notice. Within one physical line, segments without a prefix of their own belong to the
+lane of the last prefix seen on that line, so that ``(EngineCore pid=1) \\rLoading ...: 33%`` is the
+EngineCore's bar.
+
+Events name lanes as printed on the line; the state files them under the process (see state.py).
+"""
+
+from __future__ import annotations
+
+import re
+import time as _time
+from typing import Callable, Optional
+
+from eaglewatch.tui.decode.bars import parse_bar
+from eaglewatch.tui.decode.deaths import maybe_death, parse_death
+from eaglewatch.tui.decode.events import Event, LineEvent
+from eaglewatch.tui.decode.header import LEVELS, VLLM_HEADER, parse_header
+from eaglewatch.tui.decode.lanes import MAIN, LaneId, PrefixParser, lane_from_prefix, split_prefix
+from eaglewatch.tui.decode.lines import LineSplitter
+from eaglewatch.tui.decode.state import DecodeState, LaneState, lane_key
+from eaglewatch.tui.decode.traceback import TracebackAssembler, starts_block
+
+# Something a collector wrote in front of each line. Unambiguous forms are always removed: an RFC 3339
+# timestamp with its zone (kubectl --timestamps, the CRI "stdout F" form) and a docker compose column with a
+# replica number ("vllm-1  | "). Looser forms (a timestamp without zone, "name | ") only when a lane prefix or
+# a logger level follows.
+_OUTER = re.compile(
+    r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d) +(?:(?:stdout|stderr) [FP] )?(?:>> ?)?"
+    r"|[A-Za-z][\w.\-]*[-_]\d+ +\| "
+    r"|(?:\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?\s+(?:>>\s*)?|[A-Za-z][\w.\-]*\s+\|\s)"
+    r"(?=\((?:[A-Za-z_][\w.\- =]*)?pid=\d+|\[rank\d+\]:|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) )"
+)
+_ENGINE_VERSION = re.compile(r"LLM engine \(v(?P<version>[\w.+\-]+)\)")
+_TP_SIZE = re.compile(r"\btensor_parallel_size=(?P<tp>\d+)")
+_EXIT_STATUS = re.compile(r"(?:Command exited with non-zero status|Exit status:) (?P<code>\d+)")
+
+_QUIET_LEVELS = frozenset({"INFO", "DEBUG"})
+_HEADER_FIRST = frozenset("DIWECF")
+_BLOCK_FIRST = frozenset("TFtCE +")  # first characters of the lines that can start a traceback-like block
+_MISSING = object()
+_PREFIX_CACHE_LIMIT = 4096
+
+
+def _column_ahead(text: str) -> bool:
+    """Cheap test for a "name  | " column in front of the line (one word, spaces, a bar)."""
+    bar = text.find(" | ", 1, 64)
+    if bar < 0:
+        return False
+    space = text.find(" ", 0, bar + 1)
+    return not text[space:bar].strip()
+
+
+class _Proc:
+    """What the decoder keeps per process besides the state: its assembler and its previous line."""
+
+    __slots__ = ("lane", "asm", "prev_msg", "prev_record")
+
+    def __init__(self, lane: LaneState) -> None:
+        self.lane = lane
+        self.asm: Optional[TracebackAssembler] = None
+        self.prev_msg: Optional[str] = None
+        self.prev_record: Optional[tuple[Optional[str], Optional[str], Optional[str]]] = None
+
+
+class Decoder:
+    """Turns a byte stream into events and keeps :attr:`state` up to date.
+
+    ``clock`` stamps the state's "last output" and "last progress" times (one reading per :meth:`feed`); it
+    never appears in the events, so the same bytes always give the same events. ``emit_lines=False`` keeps
+    the per-line :class:`LineEvent` objects out of the returned list (the state still gets them).
+    """
+
+    def __init__(
+        self,
+        state: Optional[DecodeState] = None,
+        clock: Callable[[], float] = _time.monotonic,
+        emit_lines: bool = True,
+    ) -> None:
+        self.state = state if state is not None else DecodeState()
+        self.clock = clock
+        self.emit_lines = emit_lines
+        self._splitter = LineSplitter()
+        self._prefixes = PrefixParser()
+        # prefix text -> (process, name as printed), or None when that text is not a lane prefix
+        self._prefix_cache: dict[str, Optional[tuple[_Proc, str]]] = {}
+        self._procs: dict[str, _Proc] = {}
+        self._main: Optional[tuple[_Proc, str]] = None
+        self._line_ctx: Optional[tuple[_Proc, str]] = None  # lane of the last prefix on this physical line
+        self._line_no = 0
+        self._recent_time: Optional[str] = None  # the last logger timestamp seen, any lane
+
+    # ------------------------------------------------------------------ public
+
+    def feed(self, data: bytes) -> list[Event]:
+        """Decode one chunk; return the events it completed."""
+        out: list[Event] = []
+        now = self.clock()
+        with self.state.lock:
+            self.state.bytes += len(data)
+            self._run(self._splitter.feed(data), out, now)
+        if not self.emit_lines:
+            out = [event for event in out if type(event) is not LineEvent]
+        return out
+
+    def finish(self) -> list[Event]:
+        """End of input: the unterminated last line, and every traceback still being read."""
+        out: list[Event] = []
+        now = self.clock()
+        with self.state.lock:
+            self._run(self._splitter.finish(), out, now)
+            for proc in self._procs.values():
+                if proc.asm is not None and proc.asm.active:
+                    self._add_failures(proc.asm.flush(), proc, out)
+        if not self.emit_lines:
+            out = [event for event in out if type(event) is not LineEvent]
+        return out
+
+    def flush_idle(self, idle_s: float = 2.0) -> list[Event]:
+        """Complete tracebacks whose lane has been quiet for ``idle_s`` seconds after the exception line.
+
+        A traceback is only known to be over when its lane prints something else; a live view calls this
+        now and then so that a process that dies right after its traceback still shows it.
+        """
+        out: list[Event] = []
+        now = self.clock()
+        with self.state.lock:
+            for proc in self._procs.values():
+                asm = proc.asm
+                if asm is None or not asm.awaiting_more:
+                    continue
+                last = proc.lane.last_output_at
+                if last is None or now - last >= idle_s:
+                    self._add_failures(asm.flush(), proc, out)
+        return out
+
+    @property
+    def line_no(self) -> int:
+        """Physical lines completed so far."""
+        return self._line_no
+
+    # ------------------------------------------------------------------ segments
+
+    def _run(self, segments: list[tuple[str, bool]], out: list[Event], now: float) -> None:
+        segment = self._segment
+        for text, ends_line in segments:
+            if text:
+                segment(text, out, now)
+            if ends_line:
+                self._line_ctx = None
+                self._line_no += 1
+        self.state.lines = self._line_no
+
+    def _proc(self, lane: LaneId) -> _Proc:
+        key = lane_key(lane)
+        proc = self._procs.get(key)
+        state = self.state.lane(lane, self._line_no)
+        if proc is None:
+            proc = _Proc(state)
+            self._procs[key] = proc
+        return proc
+
+    def _learn(self, key: str) -> Optional[tuple[_Proc, str]]:
+        lane = lane_from_prefix(key)
+        hit = None if lane is None else (self._proc(lane), lane.name)
+        if len(self._prefix_cache) >= _PREFIX_CACHE_LIMIT:
+            self._prefix_cache.clear()
+        self._prefix_cache[key] = hit
+        return hit
+
+    def _main_lane(self) -> tuple[_Proc, str]:
+        if self._main is None:
+            self._main = (self._proc(MAIN), MAIN.name)
+        return self._main
+
+    def _segment(self, text: str, out: list[Event], now: float) -> None:
+        cache = self._prefix_cache
+        while text:
+            first = text[0]
+            hit = None
+            if first == "(":
+                end = text.find(")", 1, 120) + 1
+                if end > 0 and (end == len(text) or text[end] == " "):
+                    hit = cache.get(text[:end], _MISSING)
+                    if hit is _MISSING:
+                        hit = self._learn(text[:end])
+                    if hit is not None and end < len(text):
+                        end += 1
+            elif first == "[" and (text.startswith("[rank") or text.startswith("[default")):
+                key, end = split_prefix(text)
+                if key is not None:
+                    hit = cache.get(key, _MISSING)
+                    if hit is _MISSING:
+                        hit = self._learn(key)
+            if hit is not None:
+                self._line_ctx = hit
+                msg = text[end:]
+                if not msg:
+                    return
+                header = None
+                if msg[0] in _HEADER_FIRST:
+                    found = VLLM_HEADER.match(msg)
+                    if found is not None:
+                        level, time, source = found.groups()
+                        self._line(hit, LEVELS[level], time, source, msg[found.end():], out, now)
+                        return
+                    header = parse_header(msg)
+                elif msg[0] in "[0123456789/" or "Warning: " in msg:
+                    header = parse_header(msg)
+            else:
+                msg = text
+                header = parse_header(msg)
+                hit = self._line_ctx or self._main_lane()
+                if header is None and ("0" <= first <= "9" or _column_ahead(text)):
+                    outer = _OUTER.match(text)
+                    if outer is not None:
+                        text = text[outer.end():]
+                        continue
+            if header is not None:
+                level, time, source, start = header
+                self._line(hit, level, time, source, msg[start:], out, now)
+                return
+            if "]" in msg:
+                found_bar = parse_bar(msg, hit[1])
+                if found_bar is not None:
+                    bar, end = found_bar
+                    out.append(bar)
+                    self.state.add_bar(hit[0].lane, bar, self._line_no, now)
+                    if end < len(msg):
+                        rest = msg[end:]
+                        if rest.strip():
+                            # Printed right after the bar with no newline: a line of its own, same lane.
+                            self._line_ctx = hit
+                            text = rest
+                            continue
+                    return
+            if "pid=" in msg:
+                cut = self._prefixes.find_embedded(msg, 1)
+                if cut > 0:
+                    head = msg[:cut]
+                    if head.strip():
+                        self._line(hit, None, None, None, head, out, now)
+                    text = msg[cut:]
+                    continue
+            self._line(hit, None, None, None, msg, out, now)
+            return
+
+    def _line(
+        self,
+        hit: tuple[_Proc, str],
+        level: Optional[str],
+        time: Optional[str],
+        source: Optional[str],
+        msg: str,
+        out: list[Event],
+        now: float,
+    ) -> None:
+        proc, name = hit
+        event = LineEvent(name, level, time, source, msg)
+        out.append(event)
+        self.state.add_line(proc.lane, event, now)
+
+        if time is not None:
+            self._recent_time = time
+        asm = proc.asm
+        consumed = False
+        if asm is not None and asm.state:
+            done = asm.feed(msg, level, time, source, self._line_no, proc.prev_msg, proc.prev_record,
+                            self._recent_time)
+            consumed = asm.last_consumed
+            if done:
+                self._add_failures(done, proc, out)
+        elif msg[:1] in _BLOCK_FIRST and starts_block(msg):
+            if asm is None:
+                asm = proc.asm = TracebackAssembler(name, proc.lane.pid)
+            asm.lane = name
+            done = asm.feed(msg, level, time, source, self._line_no, proc.prev_msg, proc.prev_record,
+                            self._recent_time)
+            consumed = asm.last_consumed
+            if done:
+                self._add_failures(done, proc, out)
+
+        if level not in _QUIET_LEVELS:
+            if not consumed and maybe_death(msg):
+                death = parse_death(msg, name, self._line_no, level, time, source, proc.lane.pid)
+                if death is not None:
+                    self._add_failures([death], proc, out)
+            if level is None and ("Exit status" in msg or "Command exited" in msg):
+                found = _EXIT_STATUS.search(msg)
+                if found:
+                    self.state.facts["exit_status"] = int(found.group("code"))
+        elif "LLM engine (v" in msg:
+            self._engine_facts(msg)
+
+        proc.prev_msg = msg
+        proc.prev_record = (level, time, source) if level is not None else None
+
+    def _engine_facts(self, msg: str) -> None:
+        found = _ENGINE_VERSION.search(msg)
+        if found:
+            self.state.facts["vllm_version"] = found.group("version")
+        tp = _TP_SIZE.search(msg)
+        if tp:
+            self.state.facts["tensor_parallel_size"] = int(tp.group("tp"))
+
+    def _add_failures(self, failures: list, proc: _Proc, out: list[Event]) -> None:
+        for failure in failures:
+            out.append(failure)
+            self.state.add_failure(failure, proc.lane)
+
+
+def decode_bytes(data: bytes, clock: Callable[[], float] = lambda: 0.0) -> tuple[list[Event], DecodeState]:
+    """Decode a whole buffer at once (tests, small files)."""
+    decoder = Decoder(clock=clock)
+    events = decoder.feed(data)
+    events += decoder.finish()
+    return events, decoder.state

@@ -1,0 +1,120 @@
+"""Logger headers: the level, time and source that loggers repeat at the start of every line.
+
+Recognised, tried cheapest first:
+
+* vLLM: ``INFO 11-30 01:28:09 [api_utils.py:286] msg`` (also with a year and milliseconds);
+* glog / c10: ``[W1130 01:28:53.967426244 utils.cpp:68] msg`` and ``W1130 01:28:53.967 12 file.cc:68] msg``;
+* Python ``logging`` with a time first: ``2026-11-30 03:06:58,935 - INFO - autotuner.py:651 - msg``,
+  ``2024-01-01 12:00:00,123 - name - ERROR - msg``, ``2024-01-01 12:00:00 ERROR msg``; loguru's
+  ``2024-05-01 12:00:00.123 | ERROR    | module:func:42 - msg``;
+* ``logging.basicConfig``: ``WARNING:root:msg``; uvicorn: ``INFO:     127.0.0.1:5000 - "POST /v1/completions"``;
+* ``warnings``: ``/path/x.py:138: FutureWarning: msg`` (level WARNING, source ``x.py:138``).
+
+``parse_header`` returns ``(level, time, source, offset)`` where ``offset`` is where the message starts (one
+space after the header is consumed, the message's own indentation is kept), or None.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+LEVELS = {
+    "DEBUG": "DEBUG",
+    "INFO": "INFO",
+    "WARNING": "WARNING",
+    "WARN": "WARNING",
+    "ERROR": "ERROR",
+    "CRITICAL": "CRITICAL",
+    "FATAL": "CRITICAL",
+}
+_GLOG_LEVELS = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
+
+_LEVEL_ALT = "DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL"
+# vLLM's header in one match: level, time, source; the message starts at .end().
+VLLM_HEADER = re.compile(
+    r"(" + _LEVEL_ALT + r") ((?:\d{4}-)?\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?) \[([^\]\n]{1,200})\] ?"
+)
+_GLOG = re.compile(
+    r"\[?(?P<lv>[IWEF])(?P<date>\d{4}) (?P<time>\d\d:\d\d:\d\d(?:\.\d+)?)\s+(?:\d+\s+)?(?P<src>[\w.\-/]+:\d+)\] ?"
+)
+_TIME_FIRST = re.compile(
+    r"\[?(?P<time>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)\]?"
+    r"(?:"
+    r"\s+-\s+(?:(?P<name1>[^\s]+)\s+-\s+)?(?P<lv1>" + _LEVEL_ALT + r")\s+-\s+(?:(?P<src1>[\w.\-/]+:\d+)\s+-\s+)?"
+    r"|"
+    r"\s+\[?(?P<lv2>" + _LEVEL_ALT + r")\]?:?\s+(?:\[(?P<src2>[\w.\-/]+:\d+)\]\s+)?"
+    r"|"
+    r" \| (?P<lv3>" + _LEVEL_ALT + r"|SUCCESS|TRACE) *\| (?P<src3>[\w.<>\-]+:[\w.<>\-]+:\d+) - "
+    r")"
+)
+_BASIC = re.compile(r"(?P<lv>" + _LEVEL_ALT + r"):(?:(?P<name>[\w.\-]+):|\s{2,})")
+_PYWARN = re.compile(r"(?P<path>[^\s:][^:]*\.py):(?P<line>\d+): (?P<cat>[A-Z]\w*Warning): ")
+
+Header = tuple[Optional[str], Optional[str], Optional[str], int]
+
+
+def parse_header(text: str) -> Optional[Header]:
+    first = text[:1]
+    if not first:
+        return None
+    if first in "DIWECF":
+        found = _vllm(text)
+        if found is not None:
+            return found
+        basic = _BASIC.match(text)
+        if basic:
+            return LEVELS[basic.group("lv")], None, basic.group("name"), basic.end()
+        glog = _GLOG.match(text)
+        if glog:
+            return _glog(glog)
+        return _pywarn(text)
+    if first == "[":
+        glog = _GLOG.match(text)
+        if glog:
+            return _glog(glog)
+        timed = _TIME_FIRST.match(text)
+        if timed:
+            return _timed(timed)
+        return None
+    if "0" <= first <= "9":
+        timed = _TIME_FIRST.match(text)
+        if timed:
+            return _timed(timed)
+        return None
+    if "Warning: " in text:
+        return _pywarn(text)
+    return None
+
+
+def _vllm(text: str) -> Optional[Header]:
+    found = VLLM_HEADER.match(text)
+    if found is None:
+        return None
+    level, time, source = found.groups()
+    return LEVELS[level], time, source, found.end()
+
+
+def _glog(found: re.Match[str]) -> Header:
+    time = f"{found.group('date')} {found.group('time')}"
+    return _GLOG_LEVELS[found.group("lv")], time, found.group("src"), found.end()
+
+
+_LOGURU_LEVELS = {"SUCCESS": "INFO", "TRACE": "DEBUG"}
+
+
+def _timed(found: re.Match[str]) -> Header:
+    level = found.group("lv1") or found.group("lv2") or found.group("lv3")
+    source = found.group("src1") or found.group("src2") or found.group("src3") or found.group("name1")
+    return LEVELS.get(level) or _LOGURU_LEVELS[level], found.group("time"), source, found.end()
+
+
+def _pywarn(text: str) -> Optional[Header]:
+    if "Warning: " not in text:
+        return None
+    found = _PYWARN.match(text)
+    if not found:
+        return None
+    source = f"{found.group('path').rsplit('/', 1)[-1]}:{found.group('line')}"
+    # The category stays in the message: "FutureWarning: ..." says what kind of warning it is.
+    return "WARNING", None, source, found.start("cat")
