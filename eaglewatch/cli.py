@@ -21,9 +21,16 @@ COMMANDS: dict[str, str] = {
     "prepare": "eaglewatch.pipeline.prepare",
     "extract": "eaglewatch.pipeline.extract",
     "verify": "eaglewatch.pipeline.verify",
+    "preflight": "eaglewatch.pipeline.preflight.cli",
     "make-tiny-model": "eaglewatch.pipeline.tiny_model",
     "decode": "eaglewatch.tui.decode.cli",
     "demo": "eaglewatch.pipeline.demo",
+    "launch": "eaglewatch.tui.commands.launch",
+    "runs": "eaglewatch.tui.commands.runs",
+    "attach": "eaglewatch.tui.commands.attach",
+    "stop": "eaglewatch.tui.commands.stop",
+    "restart": "eaglewatch.tui.commands.restart",
+    "agent": "eaglewatch.pipeline.agent.cli",
 }
 
 

@@ -59,6 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trust-remote-code", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--write-timeout", type=float, default=600.0, help="seconds to wait for a batch's files")
+    parser.add_argument("--no-preflight", action="store_true", help="skip the preflight checks and the miniature")
+    parser.add_argument("--no-miniature", action="store_true", help="run the preflight checks but not the miniature")
+    parser.add_argument("--miniature-samples", type=int, default=4, help="samples the miniature runs (default 4)")
     parser.add_argument("--engine-core-process", action="store_true",
                         help="run vLLM's engine core in its own process (faster scheduling, but files are no "
                              "longer bit-identical across runs)")
@@ -87,6 +90,9 @@ class ExtractConfig:
     seed: int = 0
     write_timeout: float = 600.0
     engine_core_process: bool = False
+    no_preflight: bool = False
+    no_miniature: bool = False
+    miniature_samples: int = 4
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "ExtractConfig":
@@ -221,6 +227,8 @@ def run_extract(cfg: ExtractConfig, echo=sys.stderr) -> dict[str, Any]:
     started = time.time()
     try:
         events.phase(protocol.PHASE_VALIDATING)
+        if not cfg.no_preflight:
+            _preflight(cfg, events, echo)
         visible = None
         if cfg.engine == "vllm" and not cpu_build_of_vllm():
             from eaglewatch.pipeline.engines.vllm_engine import visible_gpu_count
@@ -272,6 +280,17 @@ def run_extract(cfg: ExtractConfig, echo=sys.stderr) -> dict[str, Any]:
         raise
     finally:
         events.close()
+
+
+def _preflight(cfg: ExtractConfig, events: EventLog, echo) -> None:
+    from eaglewatch.pipeline.preflight import print_table, run_preflight
+
+    report = run_preflight(cfg, events, miniature=not cfg.no_miniature, miniature_samples=cfg.miniature_samples)
+    if echo is not None:
+        print_table(report, echo)
+    if not report.passed:
+        first = report.failed[0]
+        raise UserError(f"preflight: {first.reason}" + (f" (fix: {first.fix})" if first.fix else ""))
 
 
 def _extract_batches(engine, plan: Plan, cfg: ExtractConfig, events: EventLog, done_before: int) -> dict[str, Any]:

@@ -189,6 +189,9 @@ def shrink_config(config: dict[str, Any], num_layers: int | None = None) -> dict
         small["architectures"] = base["architectures"]
     if "model_type" not in small:
         raise UserError("config has no model_type; cannot build a miniature of it")
+    if small["model_type"] != family and family in BASE_CONFIGS and model_type not in BASE_CONFIGS:
+        # e.g. kimi_k2 is a DeepseekV3 model under a remote-code name; build it as the family it belongs to.
+        small["model_type"] = family
     small["num_hidden_layers"] = num_layers or base["num_hidden_layers"]
     if "first_k_dense_replace" in small:
         small["first_k_dense_replace"] = min(int(small["first_k_dense_replace"]), 1)
@@ -266,7 +269,8 @@ def make_tiny_model(
     hf_config = AutoConfig.for_model(config["model_type"], **{k: v for k, v in config.items() if k != "model_type"})
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
-    state = {k: v.detach().to(torch_dtype).contiguous() for k, v in model.state_dict().items()}
+    state = checkpoint_tensors(model, out / ".unsharded")
+    state = {k: v.to(torch_dtype).contiguous() for k, v in state.items()}
     # Tied weights would be written twice under two names; keep the first only.
     if config.get("tie_word_embeddings"):
         state.pop("lm_head.weight", None)
@@ -289,6 +293,28 @@ def make_tiny_model(
         json.dumps({"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}) + "\n"
     )
     return out
+
+
+def checkpoint_tensors(model: Any, scratch: Path) -> dict[str, Any]:
+    """The tensors as a checkpoint holds them, which is what engines load.
+
+    transformers keeps some weights in a fused in-memory layout (e.g. MoE experts as one 3-D tensor); its
+    ``save_pretrained`` writes the original per-expert names that vLLM expects. Save once, read back, re-shard.
+    """
+    import shutil
+
+    from safetensors import safe_open
+
+    model.save_pretrained(scratch, safe_serialization=True)
+    state: dict[str, Any] = {}
+    try:
+        for path in sorted(scratch.glob("*.safetensors")):
+            with safe_open(str(path), "pt") as f:
+                for name in f.keys():
+                    state[name] = f.get_tensor(name)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return state
 
 
 def split_evenly(state: dict[str, Any], shards: int) -> list[list[str]]:

@@ -15,7 +15,7 @@ from resume_helpers import kill_part_way
 
 def hf_args(model, data, out, *extra):
     return ["extract", "--engine", "hf", "--model-path", str(model), "--prepared-data", str(data),
-            "--output-dir", str(out), "--layer-ids", "1", "2", "4", "--max-seq-len", "512", *extra]
+            "--output-dir", str(out), "--layer-ids", "1", "2", "4", "--max-seq-len", "512", "--no-miniature", *extra]
 
 
 def test_output_files_manifest_and_events(hf_reference, prepared_data):

@@ -16,7 +16,7 @@ from eaglewatch.pipeline.extract import ExtractConfig, check_parallelism
 
 def extract(model, data, out, *extra):
     return run_cli("extract", "--engine", "hf", "--model-path", model, "--prepared-data", data,
-                   "--output-dir", out, "--max-seq-len", "512", *extra, timeout=120)
+                   "--output-dir", out, "--max-seq-len", "512", "--no-miniature", *extra, timeout=120)
 
 
 def assert_rejected_before_loading(proc, out, message):

@@ -23,6 +23,11 @@ def vllm_args(model, data, out, *extra):
             "--batch-size", "8", *extra]
 
 
+def no_preflight(*args):
+    """The shared run already proved preflight (with a vLLM miniature) on this model; the others skip it."""
+    return [*args, "--no-preflight"]
+
+
 @pytest.fixture(scope="module")
 def vllm_run(tiny_llama, prepared_data, tmp_path_factory):
     out = tmp_path_factory.mktemp("vllm")
@@ -48,8 +53,10 @@ def test_vllm_matches_hf_within_1e_5(vllm_run, hf_reference):
     assert max_abs_diff(out, hf_reference) < 1e-5
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["engine"] == "vllm" and manifest["versions"]["vllm"].startswith("0.")
-    phases = [e["phase"] for e in read_events(out / "events.jsonl") if e["kind"] == "phase"]
-    assert phases == ["validating", "loading", "extracting", "done"]
+    events = read_events(out / "events.jsonl")
+    assert [e["phase"] for e in events if e["kind"] == "phase"] == ["validating", "loading", "extracting", "done"]
+    miniature = [e for e in events if e["kind"] == "check" and e["name"] == "miniature"]
+    assert miniature and miniature[0]["status"] == "pass" and "real vllm path" in miniature[0]["reason"]
 
 
 def test_verify_against_hf_passes(vllm_run):
@@ -61,7 +68,7 @@ def test_verify_against_hf_passes(vllm_run):
 
 def test_tensor_parallel_2(tiny_llama, prepared_data, hf_reference, tmp_path):
     out = tmp_path / "tp2"
-    proc = run_cli(*vllm_args(tiny_llama, prepared_data, out, "--tp-size", "2"),
+    proc = run_cli(*no_preflight(*vllm_args(tiny_llama, prepared_data, out, "--tp-size", "2")),
                    env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"})
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "(Worker_TP1 pid=" in proc.stdout + proc.stderr
@@ -71,7 +78,7 @@ def test_tensor_parallel_2(tiny_llama, prepared_data, hf_reference, tmp_path):
 def test_kill_9_during_extraction_then_resume_is_bit_identical(tiny_llama, prepared_data, vllm_run, tmp_path):
     rng = random.Random()
     out = tmp_path / "killed"
-    args = vllm_args(tiny_llama, prepared_data, out)
+    args = no_preflight(*vllm_args(tiny_llama, prepared_data, out))
     left = kill_part_way(args, out, after_samples=rng.randint(1, 48), extra_delay_s=rng.random() * 0.05)
     assert 0 < left < 64
     resumed = run_cli(*args)

@@ -1,0 +1,67 @@
+"""Preflight: catch a broken extraction in seconds, before the 18-minute model load.
+
+``checks`` reads the model folder, data, disk and installed vLLM without loading anything; ``miniature`` runs the
+real extract path on a toy clone of the architecture. ``run_preflight`` does both and reports each result as a
+``check`` event, so the dashboard shows the checklist before loading starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from eaglewatch import protocol
+from eaglewatch.pipeline.preflight.checks import FAIL, PASS, WARN, CheckResult, run_checks
+
+
+@dataclass
+class PreflightReport:
+    results: list[CheckResult] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[CheckResult]:
+        return [r for r in self.results if r.status == FAIL]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failed
+
+
+def run_preflight(cfg: Any, events: Any | None = None, *, miniature: bool = True, miniature_samples: int = 4,
+                  workdir: str | None = None) -> PreflightReport:
+    """The checks, then (when they all pass and ``miniature``) the miniature run."""
+    results, ctx = run_checks(cfg)
+    report = PreflightReport(results)
+    for result in results:
+        _emit(events, result)
+    if miniature and report.passed and ctx.info is not None and ctx.layer_ids is not None:
+        from eaglewatch.pipeline.preflight.miniature import run_miniature
+
+        mini = run_miniature(cfg, ctx.info, ctx.layer_ids, samples=miniature_samples, workdir=workdir)
+        result = CheckResult("miniature", mini.status, mini.reason,
+                             "" if mini.status == PASS else f"see {mini.log_path}; fix this before the real load",
+                             details={"layer_map": mini.layer_map, "seconds": round(mini.seconds, 1),
+                                      "root_cause": mini.root_cause, **mini.details})
+        report.results.append(result)
+        _emit(events, result)
+    return report
+
+
+def _emit(events: Any | None, result: CheckResult) -> None:
+    if events is not None:
+        events.emit(protocol.EVENT_CHECK, name=result.name, status=result.status, reason=result.reason,
+                    fix=result.fix)
+
+
+MARKS = {PASS: "ok  ", WARN: "warn", FAIL: "FAIL"}
+
+
+def print_table(report: PreflightReport, out: TextIO) -> None:
+    width = max((len(r.name) for r in report.results), default=10)
+    for r in report.results:
+        print(f"  [{MARKS[r.status]}] {r.name:<{width}}  {r.reason}", file=out)
+        if r.fix and r.status != PASS:
+            print(f"         {'':<{width}}  fix: {r.fix}", file=out)
+    failed, warned = len(report.failed), sum(r.status == WARN for r in report.results)
+    print(f"preflight: {'FAILED' if failed else 'passed'} ({failed} failed, {warned} warnings, "
+          f"{len(report.results)} checks)", file=out)

@@ -1,0 +1,313 @@
+"""Preflight checks: each fast (no weights read, no engine imported), each a pass, warn or fail with a reason and
+a fix. They reuse the validators ``extract`` itself runs, so the two can never disagree.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from eaglewatch.errors import UserError
+from eaglewatch.pipeline import model_info as mi
+from eaglewatch.pipeline.prepared_data import load_prepared
+from eaglewatch.pipeline.preflight.known_issues import KNOWN_ISSUES, RunFacts
+from eaglewatch.pipeline.preflight.vllm_source import (
+    InstalledVLLM,
+    deepseek_captures_final_layer,
+    find_vllm,
+    parse_version,
+    quantization_methods,
+    supports_architecture,
+)
+
+PASS, WARN, FAIL = "pass", "warn", "fail"
+MIN_VLLM = (0, 18)
+DEEPSEEK_FAMILY = {"deepseek_v2", "deepseek_v3", "kimi_k2", "glm4_moe", "deepseek_v32"}
+
+
+@dataclass
+class CheckResult:
+    name: str
+    status: str
+    reason: str
+    fix: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Context:
+    cfg: Any  # ExtractConfig
+    vllm: InstalledVLLM | None
+    visible_gpus: int | None  # None: not knowable / not needed (CPU build, HF engine)
+    gpu_memory_bytes: int | None  # smallest visible GPU's total memory
+    info: mi.ModelInfo | None = None
+    layer_ids: list[int] | None = None
+    dtype: str | None = None
+    tokens: int = 0
+    samples: int = 0
+
+
+def _fail(name: str, exc: UserError, fix: str) -> CheckResult:
+    return CheckResult(name, FAIL, str(exc), fix)
+
+
+def check_model(ctx: Context) -> list[CheckResult]:
+    try:
+        ctx.info = mi.load_model_info(ctx.cfg.model_path)
+    except UserError as exc:
+        return [_fail("model folder", exc, "point --model-path at a complete Hugging Face model folder")]
+    info = ctx.info
+    results = [CheckResult("model folder", PASS, f"{'/'.join(info.architectures) or info.model_type}: "
+                           f"{info.num_hidden_layers} layers, hidden {info.hidden_size}, {len(info.shards)} shards")]
+    results.append(_check_index(info))
+    quant = (info.config.get("quantization_config") or info.text_config.get("quantization_config") or {})
+    method = quant.get("quant_method") if isinstance(quant, dict) else None
+    if ctx.cfg.engine == "vllm" and ctx.vllm is not None:
+        arch = next(iter(info.architectures), "")
+        if arch and not supports_architecture(ctx.vllm, arch):
+            results.append(CheckResult("architecture", FAIL, f"vLLM {ctx.vllm.version} does not know {arch}",
+                                       "upgrade vLLM, or check the config's architectures field"))
+        else:
+            results.append(CheckResult("architecture", PASS, f"{arch} is in vLLM {ctx.vllm.version}'s registry"))
+        if method:
+            known = quantization_methods(ctx.vllm)
+            status = PASS if method in known else FAIL
+            results.append(CheckResult("quantisation", status, f"quant_method {method!r} "
+                                       + ("is supported" if status == PASS else f"is unknown to vLLM {ctx.vllm.version}"),
+                                       "" if status == PASS else "use a vLLM that supports it, or a dequantised copy"))
+    elif method and ctx.cfg.engine == "hf":
+        results.append(CheckResult("quantisation", WARN, f"quant_method {method!r}: the hf engine needs its "
+                                   "transformers integration installed", "prefer --engine vllm for quantised models"))
+    return results
+
+
+def _check_index(info: mi.ModelInfo) -> CheckResult:
+    """Every tensor of the index is in the shard it names, and the sizes add up (headers only)."""
+    index_path = info.path / "model.safetensors.index.json"
+    if not index_path.exists():
+        return CheckResult("shards", PASS, f"{len(info.shards)} safetensors file(s), no index")
+    index = json.loads(index_path.read_text())
+    declared = (index.get("metadata") or {}).get("total_size")
+    by_shard: dict[str, set[str]] = {}
+    for tensor, shard in index["weight_map"].items():
+        by_shard.setdefault(shard, set()).add(tensor)
+    total = 0
+    for shard, tensors in by_shard.items():
+        try:
+            header = _read_header(info.path / shard)
+        except (OSError, ValueError) as exc:
+            return CheckResult("shards", FAIL, f"{shard} is not a readable safetensors file: {exc}",
+                               "re-download that shard")
+        missing = tensors - header.keys()
+        if missing:
+            return CheckResult("shards", FAIL, f"{shard} lacks {len(missing)} tensors the index puts there, "
+                               f"e.g. {sorted(missing)[0]}", "re-download the shard or fix the index")
+        total += sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items() if k in tensors)
+    if declared is not None and int(declared) != total:
+        return CheckResult("shards", WARN, f"the index declares {int(declared)} bytes of tensors, the shards hold "
+                           f"{total}", "check the download; some exporters round total_size")
+    return CheckResult("shards", PASS, f"{len(by_shard)} shards, {total / 1e9:.2f} GB of tensors, index consistent",
+                       details={"tensor_bytes": total})
+
+
+def _read_header(path: Path) -> dict[str, Any]:
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        if length > 100_000_000:
+            raise ValueError("implausible header length")
+        return json.loads(f.read(length))
+
+
+def check_layers(ctx: Context) -> list[CheckResult]:
+    info = ctx.info
+    assert info is not None
+    ids = ctx.cfg.layer_ids or mi.default_layer_ids(info.num_hidden_layers)
+    try:
+        ctx.layer_ids = mi.check_layer_ids(ids, info.num_hidden_layers)
+    except UserError as exc:
+        return [_fail("layer ids", exc, f"choose ids in 0..{info.num_hidden_layers}, each once "
+                      f"(default {' '.join(map(str, mi.default_layer_ids(info.num_hidden_layers)))})")]
+    results = [CheckResult("layer ids", PASS, f"{ctx.layer_ids} of 0..{info.num_hidden_layers}")]
+    if ctx.layer_ids != sorted(ctx.layer_ids):
+        results.append(CheckResult("layer order", WARN, f"{ctx.layer_ids} is not ascending; the file's layer axis "
+                                   "follows this order", "list the ids in ascending order, as trainers expect"))
+    if info.num_hidden_layers not in ctx.layer_ids:
+        results.append(CheckResult("final layer", WARN, f"id {info.num_hidden_layers} (the last layer's output) is "
+                                   "not extracted; EAGLE-3 trainers use it for the target's logits",
+                                   f"add {info.num_hidden_layers} to --layer-ids unless the trainer does not need it"))
+    if (ctx.cfg.engine == "vllm" and ctx.vllm is not None and info.model_type in DEEPSEEK_FAMILY
+            and info.num_hidden_layers in ctx.layer_ids and not deepseek_captures_final_layer(ctx.vllm)):
+        results.append(CheckResult("final layer", FAIL, f"vLLM {ctx.vllm.version}'s DeepSeek backbone drops the "
+                                   "final layer's output: files would hold one layer too few (vLLM #46973)",
+                                   "upgrade vLLM to a release with #46973"))
+    return results
+
+
+def check_parallelism(ctx: Context) -> list[CheckResult]:
+    from eaglewatch.pipeline.extract import check_parallelism as validate
+
+    info = ctx.info
+    assert info is not None
+    try:
+        validate(info, ctx.cfg, ctx.visible_gpus)
+    except UserError as exc:
+        return [_fail("parallelism", exc, "pick a --tp-size that divides the heads and fits the visible GPUs")]
+    results = [CheckResult("parallelism", PASS, f"TP {ctx.cfg.tp_size}: {info.num_attention_heads} heads"
+                           + (f", {ctx.visible_gpus} GPUs visible" if ctx.visible_gpus is not None else ""))]
+    text = info.text_config
+    moe = text.get("moe_intermediate_size")
+    if moe and int(moe) % ctx.cfg.tp_size:
+        results.append(CheckResult("MoE split", FAIL, f"moe_intermediate_size {moe} is not divisible by --tp-size "
+                                   f"{ctx.cfg.tp_size}", "choose a TP size that divides it"))
+    return results
+
+
+def check_data(ctx: Context) -> list[CheckResult]:
+    info = ctx.info
+    assert info is not None
+    try:
+        report = load_prepared(ctx.cfg.prepared_data, vocab_size=info.vocab_size, max_seq_len=ctx.cfg.max_seq_len,
+                               long_samples=ctx.cfg.long_samples, max_samples=ctx.cfg.max_samples)
+    except UserError as exc:
+        return [_fail("data", exc, "regenerate it with `eaglewatch prepare` using this model's tokenizer")]
+    from eaglewatch.pipeline.extract import shard_for_rank
+
+    samples = shard_for_rank(report.samples, ctx.cfg.rank, ctx.cfg.world_size)
+    ctx.samples, ctx.tokens = len(samples), sum(s.num_tokens for s in samples)
+    histogram = length_histogram([s.num_tokens for s in samples])
+    reason = (f"{ctx.samples} samples, {ctx.tokens} tokens, longest {max(s.num_tokens for s in samples)}"
+              + (f", {report.truncated} truncated to {ctx.cfg.max_seq_len}" if report.truncated else ""))
+    return [CheckResult("data", WARN if report.truncated else PASS, reason,
+                        "raise --max-seq-len to keep them whole" if report.truncated else "",
+                        details={"length_histogram": histogram})]
+
+
+def length_histogram(lengths: list[int]) -> dict[str, int]:
+    """Counts per power-of-two bucket: {"<=128": n, "<=256": n, ...}."""
+    buckets: dict[str, int] = {}
+    for n in lengths:
+        edge = 1 << max(n - 1, 0).bit_length()
+        buckets[f"<={max(edge, 1)}"] = buckets.get(f"<={max(edge, 1)}", 0) + 1
+    return dict(sorted(buckets.items(), key=lambda kv: int(kv[0][2:])))
+
+
+def check_memory(ctx: Context) -> list[CheckResult]:
+    info = ctx.info
+    assert info is not None
+    per_gpu = info.weights_bytes / max(ctx.cfg.tp_size, 1)
+    if ctx.gpu_memory_bytes is None:
+        return [CheckResult("memory", PASS, f"weights {per_gpu / 2**30:.2f} GiB per device; no GPU to compare with")]
+    budget = ctx.gpu_memory_bytes * ctx.cfg.gpu_memory_utilization
+    share = per_gpu / budget
+    text = (f"weights {per_gpu / 2**30:.1f} GiB per GPU at TP {ctx.cfg.tp_size}, budget "
+            f"{budget / 2**30:.1f} GiB ({ctx.cfg.gpu_memory_utilization:.2f} of {ctx.gpu_memory_bytes / 2**30:.0f} GiB)")
+    if share >= 1:
+        return [CheckResult("memory", FAIL, text + ": the weights alone do not fit",
+                            "raise --tp-size or --gpu-memory-utilization")]
+    if share > 0.85:
+        return [CheckResult("memory", WARN, text + f": {share:.0%} of it, little left for the KV cache",
+                            "raise --tp-size or --gpu-memory-utilization before an out-of-memory error mid-load")]
+    return [CheckResult("memory", PASS, text)]
+
+
+def check_disk(ctx: Context) -> list[CheckResult]:
+    from eaglewatch.pipeline import output
+
+    info = ctx.info
+    assert info is not None and ctx.layer_ids is not None
+    out = Path(ctx.cfg.output_dir).expanduser()
+    try:
+        output.check_writable(out)
+    except UserError as exc:
+        return [_fail("disk", exc, "choose a writable --output-dir")]
+    dtype = mi.normalise_dtype(ctx.cfg.dtype or info.dtype)
+    need = ctx.tokens * mi.bytes_per_token(len(ctx.layer_ids), info.hidden_size, dtype)
+    free = shutil.disk_usage(out).free
+    text = f"about {need / 1e9:.2f} GB of output, {free / 1e9:.1f} GB free"
+    if free < need * 1.05:
+        return [CheckResult("disk", FAIL, f"not enough disk for the output: {text}",
+                            "free space, or split the data with --rank/--world-size across disks")]
+    if free < need * 1.5:
+        return [CheckResult("disk", WARN, text + " (under 1.5x headroom)", "free some space")]
+    return [CheckResult("disk", PASS, text)]
+
+
+def check_versions(ctx: Context) -> list[CheckResult]:
+    if ctx.cfg.engine != "vllm":
+        return [CheckResult("versions", PASS, "hf engine: no vLLM needed")]
+    vllm = ctx.vllm
+    if vllm is None:
+        return [CheckResult("versions", FAIL, "vLLM is not installed", "pip install vllm (or --engine hf)")]
+    if parse_version(vllm.version) < MIN_VLLM:
+        return [CheckResult("versions", FAIL, f"vLLM {vllm.version} predates native hidden-state extraction (0.18)",
+                            "upgrade vLLM")]
+    results = [CheckResult("versions", PASS, f"{vllm.distribution} {vllm.version}")]
+    info = ctx.info
+    assert info is not None
+    facts = RunFacts(tp_size=ctx.cfg.tp_size, is_mla=info.is_mla, model_type=info.model_type,
+                     wants_final_layer=bool(ctx.layer_ids and info.num_hidden_layers in ctx.layer_ids))
+    for issue in KNOWN_ISSUES:
+        if issue.matches(vllm, facts):
+            results.append(CheckResult(f"known issue: {issue.reference}", WARN, issue.reason, issue.fix))
+    return results
+
+
+CHECKS: tuple[Callable[[Context], list[CheckResult]], ...] = (
+    check_model, check_versions, check_layers, check_parallelism, check_data, check_memory, check_disk)
+
+
+def run_checks(cfg: Any, *, vllm: InstalledVLLM | None = ..., visible_gpus: int | None = ...,
+               gpu_memory_bytes: int | None = ...) -> tuple[list[CheckResult], Context]:
+    """Run every check; later checks that need the model are skipped when the model folder failed."""
+    from eaglewatch.pipeline.extract import cpu_build_of_vllm
+
+    if vllm is ...:
+        vllm = find_vllm()
+    if visible_gpus is ... or gpu_memory_bytes is ...:
+        gpus = None if (cfg.engine == "hf" or cpu_build_of_vllm()) else gpu_memory_totals()
+        visible_gpus = len(gpus) if gpus is not None else None
+        gpu_memory_bytes = min(gpus) if gpus else None
+    ctx = Context(cfg=cfg, vllm=vllm, visible_gpus=visible_gpus, gpu_memory_bytes=gpu_memory_bytes)
+    results: list[CheckResult] = []
+    for check in CHECKS:
+        if check is not check_model and ctx.info is None:
+            break
+        if check is check_disk and ctx.layer_ids is None:
+            continue
+        results.extend(check(ctx))
+    return results, ctx
+
+
+def gpu_memory_totals() -> list[int]:
+    """Total memory of each visible GPU (NVML), in bytes; [] when there is none."""
+    import os
+
+    try:
+        import pynvml
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+    except Exception:
+        return []
+    try:
+        indexes = range(pynvml.nvmlDeviceGetCount())
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible is not None:
+            wanted = [v.strip() for v in visible.split(",") if v.strip() and v.strip() != "-1"]
+            indexes = [int(v) for v in wanted if v.isdigit()]
+        return [int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total) for i in indexes]
+    except Exception:
+        return []
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass

@@ -1,0 +1,81 @@
+"""The miniature: a toy clone of the target's architecture through the real extract path."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import FIXTURES, read_events, run_cli
+from eaglewatch.pipeline import model_info as mi
+from eaglewatch.pipeline.extract import ExtractConfig
+from eaglewatch.pipeline.preflight.miniature import build_miniature, map_layer_ids, run_miniature
+
+KIMI = FIXTURES / "configs" / "kimi_k25_config.json"
+
+
+@pytest.mark.parametrize("ids, layers, depth, mapping", [
+    ([1, 2, 4], 4, 4, {1: 1, 2: 2, 4: 4}),  # small enough: ids keep their meaning
+    ([2, 30, 58, 61], 61, 4, {2: 1, 30: 2, 58: 3, 61: 4}),  # the seed's Kimi ids, final layer kept final
+    ([0, 61], 61, 4, {0: 0, 61: 4}),
+])
+def test_layer_mapping(ids, layers, depth, mapping):
+    assert map_layer_ids(ids, layers) == (depth, mapping)
+
+
+def test_mapping_never_merges_two_ids():
+    depth, mapping = map_layer_ids([10, 11, 12, 13, 14, 61], 61)
+    assert len(set(mapping.values())) == 6 and mapping[61] == depth
+
+
+def test_kimi_like_config_is_shrunk_to_a_cpu_friendly_mla_moe_model(tmp_path):
+    config = json.loads(KIMI.read_text())
+    model = build_miniature(config, 4, tmp_path / "mini", "float32")
+    small = json.loads((model / "config.json").read_text())
+    assert small["architectures"] == ["DeepseekV3ForCausalLM"] and small["model_type"] == "deepseek_v3"
+    assert small["num_hidden_layers"] == 4 and small["hidden_size"] <= 256
+    assert small["kv_lora_rank"] + small["qk_rope_head_dim"] == 576  # the CPU MLA kernel's requirement
+    assert small["n_routed_experts"] > small["num_experts_per_tok"] > 1 and small["first_k_dense_replace"] == 1
+    assert "quantization_config" not in small
+    index = json.loads((model / "model.safetensors.index.json").read_text())
+    # Experts stored one by one, as real checkpoints (and vLLM's loader) have them.
+    assert any(".mlp.experts.0.down_proj.weight" in name for name in index["weight_map"])
+
+
+def test_hf_miniature_passes_and_reports_through_extract(tiny_llama, prepared_data, tmp_path):
+    out = tmp_path / "out"
+    proc = run_cli("extract", "--engine", "hf", "--model-path", tiny_llama, "--prepared-data", prepared_data,
+                   "--output-dir", out, "--layer-ids", "1", "2", "4", "--max-samples", "4", "--max-seq-len", "512")
+    assert proc.returncode == 0, proc.stderr
+    assert "[ok  ] miniature" in proc.stderr
+    checks = [e for e in read_events(out / "events.jsonl") if e["kind"] == "check"]
+    assert {"model folder", "layer ids", "data", "disk", "miniature"} <= {c["name"] for c in checks}
+    assert all(c["status"] == "pass" for c in checks)
+
+
+@pytest.mark.vllm
+def test_kimi_like_miniature_runs_on_the_vllm_cpu_engine(prepared_data, tmp_path):
+    pytest.importorskip("vllm")
+    folder = tmp_path / "kimi"
+    folder.mkdir()
+    (folder / "config.json").write_text(KIMI.read_text())
+    info = mi.load_model_info(folder, check_shards=False)
+    cfg = ExtractConfig(model_path=str(folder), prepared_data=str(prepared_data), output_dir=str(tmp_path / "o"),
+                        engine="vllm")
+    result = run_miniature(cfg, info, [2, 30, 58, 61], workdir=str(tmp_path / "work"))
+    assert result.status in ("pass", "warn"), result.reason
+    assert "layer ids mapped 2->1, 30->2, 58->3" in result.reason
+    assert result.details["against_hf"]["samples"] == 1
+
+
+@pytest.mark.vllm
+def test_planted_engine_path_break_is_caught_with_its_root_cause(tiny_llama, prepared_data, tmp_path):
+    pytest.importorskip("vllm")
+    out = tmp_path / "out"
+    proc = run_cli("preflight", "--engine", "vllm", "--model-path", tiny_llama, "--prepared-data", prepared_data,
+                   "--output-dir", out, "--layer-ids", "1", "2", "4", "--max-seq-len", "512",
+                   env={"EAGLEWATCH_INJECT_FAULT": "worker_assert:0"})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    line = next(l for l in proc.stdout.splitlines() if "miniature" in l)
+    assert "[FAIL]" in line
+    assert "AssertionError at vllm_connector.py" in line and "assert self._writes_submitted < self._fault_after" in line
