@@ -43,7 +43,7 @@ PHASES = (PHASE_VALIDATING, PHASE_LOADING, PHASE_EXTRACTING, PHASE_DONE, PHASE_F
 MSG_HELLO = "hello"  # agent -> client, first line: agent_version, pid, host, user, run_root, python, features
 MSG_LOG = "log"  # run, offset, data (base64 of raw bytes)
 MSG_EVENT = "event"  # run, offset, end, event (one pipeline event) | raw (a line that is not JSON)
-MSG_TELEMETRY = "telemetry"  # t, sample (dict from eaglewatch.pipeline.telemetry)
+MSG_TELEMETRY = "telemetry"  # t, interval_s, driver, nvml, gpus: [...], host: {...} (eaglewatch.pipeline.telemetry)
 MSG_JOB = "job"  # run, state (one of JOB_STATES), pid, pgid, exit: {...}|None, summary: {...}
 MSG_NOTICE = "notice"  # run|None, message: progress of a long command (stop, restart)
 MSG_REPLY = "reply"  # id, ok, result|error {message, code}
@@ -69,7 +69,8 @@ OPS = (OP_PING, OP_RUNS, OP_STATUS, OP_LAUNCH, OP_WATCH, OP_UNWATCH, OP_STOP, OP
 JOB_STARTING = "starting"  # cmd.json written, the job's pid not yet recorded
 JOB_RUNNING = "running"
 JOB_EXITED = "exited"  # exit.json holds code or signal
-JOB_LOST = "lost"  # no exit.json and no process of the run is left (the host rebooted, or it was killed with its supervisor)
+# lost: no exit.json and no process of the run is left (the host rebooted, or the job died with its supervisor)
+JOB_LOST = "lost"
 JOB_STATES = (JOB_STARTING, JOB_RUNNING, JOB_EXITED, JOB_LOST)
 
 # Error codes in a failed MSG_REPLY ("error": {"code", "message"}).

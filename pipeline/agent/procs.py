@@ -1,0 +1,121 @@
+"""Which live processes belong to a run.
+
+Every process of a run carries ``EAGLEWATCH_RUN_ID=<run id>`` in its environment (the supervisor puts it there and
+children inherit it), and the job leads its own process group. A pid or pgid read from the run directory is only
+trusted when a process in it still carries that marker: pids get reused, and signalling a stranger's process group
+is the one mistake stop must never make.
+
+Linux reads /proc directly; elsewhere psutil is used when it is importable.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+RUN_ID_ENV = "EAGLEWATCH_RUN_ID"
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    pid: int
+    pgrp: int
+    state: str
+
+
+def _has_proc() -> bool:
+    return os.path.isdir("/proc/self")
+
+
+def _read_stat(pid: int) -> ProcInfo | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    # The command name sits in parentheses and may itself hold spaces or parentheses.
+    rest = data[data.rfind(b")") + 2 :].split()
+    try:
+        return ProcInfo(pid=pid, state=rest[0].decode(), pgrp=int(rest[2]))
+    except (IndexError, ValueError):
+        return None
+
+
+def _all_pids() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def environ_has(pid: int, run_id: str) -> bool:
+    """True when the process's environment holds the run's marker."""
+    marker = f"{RUN_ID_ENV}={run_id}".encode()
+    if _has_proc():
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                data = fh.read()
+        except OSError:
+            return False
+        return marker in data.split(b"\0")
+    try:
+        import psutil  # type: ignore[import-not-found]
+
+        return psutil.Process(pid).environ().get(RUN_ID_ENV) == run_id
+    except Exception:
+        return False
+
+
+def snapshot() -> list[ProcInfo]:
+    """Every live (non-zombie) process that can be seen."""
+    if _has_proc():
+        infos = (_read_stat(pid) for pid in _all_pids())
+        return [info for info in infos if info is not None and info.state not in ("Z", "X")]
+    try:
+        import psutil  # type: ignore[import-not-found]
+    except ImportError:
+        return []
+    out = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            out.append(ProcInfo(pid=proc.pid, pgrp=os.getpgid(proc.pid), state="R"))
+        except Exception:
+            continue
+    return out
+
+
+def run_processes(run_id: str, pgid: int | None, table: list[ProcInfo] | None = None) -> list[int]:
+    """Live pids of the run: members of its process group that carry its marker, plus any marked process that
+    left the group. An empty list also when the group is held by processes that are not the run's."""
+    table = snapshot() if table is None else table
+    in_group = [info.pid for info in table if pgid is not None and info.pgrp == pgid]
+    group_is_ours = any(environ_has(pid, run_id) for pid in in_group)
+    pids = set(in_group) if group_is_ours else set()
+    for info in table:
+        if info.pid not in pids and info.pgrp != pgid and environ_has(info.pid, run_id):
+            pids.add(info.pid)
+    return sorted(pids)
+
+
+def group_members(pgid: int, table: list[ProcInfo] | None = None) -> list[int]:
+    table = snapshot() if table is None else table
+    return [info.pid for info in table if info.pgrp == pgid]
+
+
+def pid_alive(pid: int) -> bool:
+    info = _read_stat(pid) if _has_proc() else None
+    if info is not None:
+        return info.state not in ("Z", "X")
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return not _has_proc()
+
+
+def group_alive(run_id: str, pgid: int | None, table: list[ProcInfo] | None = None) -> bool:
+    """Cheaper than run_processes, for listings: does the run's own process group still have a member?"""
+    if pgid is None:
+        return False
+    return any(environ_has(pid, run_id) for pid in group_members(pgid, table))

@@ -1,0 +1,219 @@
+"""The run directory: the one place a run's state lives on the host.
+
+Layout of ``<run root>/<run id>/`` (docs/agent.md)::
+
+    cmd.json        argv, env overrides, cwd, name, started_at, eaglewatch_version, restart_of
+    log             the job's stdout and stderr, raw bytes as written
+    events.jsonl    the pipeline's structured events (EAGLEWATCH_EVENTS_FILE points here)
+    pid, pgid       the job's pid and process group, written by the supervisor once the job runs
+    supervisor.pid  the supervising wrapper that waits for the job and writes exit.json
+    exit.json       code or signal, ended_at; written when the job ends
+
+Reattaching means reading this folder: nothing the agent holds in memory is needed to rebuild a run's state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eaglewatch.protocol import JOB_EXITED, JOB_LOST, JOB_RUNNING, JOB_STARTING
+
+RUN_ROOT_ENV = "EAGLEWATCH_RUN_ROOT"
+DEFAULT_RUN_ROOT = "~/.eaglewatch/runs"
+
+CMD_FILE = "cmd.json"
+LOG_FILE = "log"
+EVENTS_FILE = "events.jsonl"
+PID_FILE = "pid"
+PGID_FILE = "pgid"
+SUPERVISOR_PID_FILE = "supervisor.pid"
+EXIT_FILE = "exit.json"
+
+_RUN_ID = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}(-[A-Za-z0-9._-]{1,40})?$")
+_SLUG_DROP = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+class RunNotFound(LookupError):
+    pass
+
+
+class AmbiguousRun(LookupError):
+    pass
+
+
+def default_run_root() -> Path:
+    return Path(os.path.expanduser(os.environ.get(RUN_ROOT_ENV) or DEFAULT_RUN_ROOT))
+
+
+def resolve_run_root(path: str | os.PathLike[str] | None) -> Path:
+    return Path(os.path.expanduser(os.fspath(path))) if path else default_run_root()
+
+
+def new_run_id(name: str | None = None, now: float | None = None) -> str:
+    """``YYYYMMDD-HHMMSS-<6 hex>[-slug]``: sortable by start time, safe as a file name whatever the name holds.
+
+    The operator's name is kept verbatim in cmd.json; only a filtered slug of it reaches the file system.
+    """
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now if now is not None else time.time()))
+    run_id = f"{stamp}-{secrets.token_hex(3)}"
+    slug = _SLUG_DROP.sub("-", name or "").strip("-.")[:40].strip("-.")
+    return f"{run_id}-{slug}" if slug else run_id
+
+
+def is_run_id(text: str) -> bool:
+    return bool(_RUN_ID.match(text))
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(obj, fh, ensure_ascii=False, indent=1)
+        fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            obj = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class RunDir:
+    path: Path
+
+    @property
+    def run_id(self) -> str:
+        return self.path.name
+
+    @property
+    def cmd_path(self) -> Path:
+        return self.path / CMD_FILE
+
+    @property
+    def log_path(self) -> Path:
+        return self.path / LOG_FILE
+
+    @property
+    def events_path(self) -> Path:
+        return self.path / EVENTS_FILE
+
+    @property
+    def exit_path(self) -> Path:
+        return self.path / EXIT_FILE
+
+    def cmd(self) -> dict[str, Any]:
+        return _read_json(self.cmd_path) or {}
+
+    def exit_info(self) -> dict[str, Any] | None:
+        return _read_json(self.exit_path)
+
+    def pid(self) -> int | None:
+        return _read_int(self.path / PID_FILE)
+
+    def pgid(self) -> int | None:
+        return _read_int(self.path / PGID_FILE)
+
+    def supervisor_pid(self) -> int | None:
+        return _read_int(self.path / SUPERVISOR_PID_FILE)
+
+    def size(self, path: Path) -> int:
+        try:
+            return path.stat().st_size
+        except OSError:
+            return 0
+
+
+def run_dirs(root: Path) -> list[RunDir]:
+    """Every run under root, newest first (run ids sort by start time)."""
+    try:
+        entries = [entry for entry in os.scandir(root) if entry.is_dir() and is_run_id(entry.name)]
+    except FileNotFoundError:
+        return []
+    runs = [RunDir(Path(entry.path)) for entry in entries if os.path.exists(os.path.join(entry.path, CMD_FILE))]
+    return sorted(runs, key=lambda run: run.run_id, reverse=True)
+
+
+def find_run(root: Path, ref: str) -> RunDir:
+    """A run by exact id, then by name (the newest run of that name), then by unique id prefix."""
+    if not isinstance(ref, str) or not ref:
+        raise RunNotFound("no run given")
+    if is_run_id(ref) and (root / ref / CMD_FILE).exists():
+        return RunDir(root / ref)
+    runs = run_dirs(root)
+    named = [(run.cmd(), run) for run in runs]
+    named = [(cmd.get("started_at") or 0, run) for cmd, run in named if cmd.get("name") == ref]
+    if named:
+        return max(named, key=lambda pair: pair[0])[1]
+    by_prefix = [run for run in runs if run.run_id.startswith(ref)]
+    if len(by_prefix) == 1:
+        return by_prefix[0]
+    if len(by_prefix) > 1:
+        raise AmbiguousRun(
+            f"{ref!r} matches {len(by_prefix)} runs ({', '.join(r.run_id for r in by_prefix[:5])}); give more of the id"
+        )
+    raise RunNotFound(f"no run {ref!r} under {root}")
+
+
+def summary(run: RunDir, state: str) -> dict[str, Any]:
+    cmd = run.cmd()
+    return {
+        "run": run.run_id,
+        "name": cmd.get("name"),
+        "state": state,
+        "argv": cmd.get("argv"),
+        "cwd": cmd.get("cwd"),
+        "env": cmd.get("env") or {},
+        "started_at": cmd.get("started_at"),
+        "restart_of": cmd.get("restart_of"),
+        "pid": run.pid(),
+        "pgid": run.pgid(),
+        "exit": run.exit_info(),
+        "log_size": run.size(run.log_path),
+        "events_size": run.size(run.events_path),
+        "run_dir": str(run.path),
+    }
+
+
+__all__ = [
+    "AmbiguousRun",
+    "RunDir",
+    "RunNotFound",
+    "default_run_root",
+    "find_run",
+    "new_run_id",
+    "resolve_run_root",
+    "run_dirs",
+    "summary",
+    "write_json_atomic",
+    "JOB_EXITED",
+    "JOB_LOST",
+    "JOB_RUNNING",
+    "JOB_STARTING",
+]

@@ -1,0 +1,1 @@
+"""Subcommands that talk to a GPU host through eaglewatch.tui.connection: launch, runs, attach, stop, restart."""

@@ -1,0 +1,110 @@
+"""``eaglewatch attach HOST RUN``: stream a run's log to this terminal, as plain text, until it ends.
+
+The bytes are written exactly as the host's log holds them. The link may drop and come back: streaming resumes
+where it stopped, nothing repeated or skipped. Ctrl-C detaches; the job keeps running. The exit status is the
+job's (128 + signal when a signal ended it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from eaglewatch.errors import UserError
+from eaglewatch.tui.commands import _common
+
+HELP = "stream a run's log from a host until the run ends (Ctrl-C detaches, the job keeps running)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    _common.add_host_arguments(parser)
+    parser.add_argument("run", metavar="RUN", help="run id, a unique prefix of it, or the run's name")
+    parser.add_argument("--from-end", action="store_true", help="skip what the log already holds")
+    parser.add_argument("--events", action="store_true", help="also print the pipeline's events (to stderr)")
+    parser.add_argument("--decoded", action="store_true",
+                        help="print the decoder's view (new lanes, failures, finished bars, then a summary) "
+                             "instead of the raw bytes")
+
+
+class _DecodedView:
+    """Feeds the stream to eaglewatch.tui.decode and prints its live notes and final summary as text."""
+
+    def __init__(self, label: str) -> None:
+        from eaglewatch.tui.decode.decoder import Decoder
+        from eaglewatch.tui.decode.live import LiveNotes
+
+        self.label = label
+        self.decoder = Decoder()
+        self.notes = LiveNotes(self.decoder.state)
+
+    def feed(self, data: bytes) -> None:
+        self.notes.emit(self.decoder.feed(data))
+
+    def idle(self) -> None:
+        self.notes.emit(self.decoder.flush_idle())
+
+    def finish(self) -> None:
+        from eaglewatch.tui.decode.report import render_text
+
+        self.notes.emit(self.decoder.finish())
+        sys.stdout.write(render_text(self.decoder.state, self.label))
+        sys.stdout.flush()
+
+
+def follow(connection: Any, run: str, from_end: bool, show_events: bool, decoded: bool = False) -> int:
+    from eaglewatch.tui.connection import Event, JobState, LinkState, LogChunk, Notice
+
+    summary = _common.agent_call(connection.status, run)
+    view = None
+    if decoded:
+        try:
+            view = _DecodedView(f"{connection.host}:{summary['run']}")
+        except ImportError as exc:
+            raise UserError(f"the decoder is not available here ({exc}); attach without --decoded") from None
+    offset = int(summary.get("log_size") or 0) if from_end else 0
+    watch = _common.agent_call(connection.watch, summary["run"], log_offset=offset)
+    out = sys.stdout.buffer
+    final: dict[str, Any] = summary
+    try:
+        while True:
+            batch = watch.get(timeout=0.5)
+            for item in batch:
+                if isinstance(item, LogChunk):
+                    if view is not None:
+                        view.feed(item.data)
+                    else:
+                        out.write(item.data)
+                elif isinstance(item, Event) and show_events:
+                    print(f"[event] {json.dumps(item.event if item.event is not None else item.raw)}",
+                          file=sys.stderr)
+                elif isinstance(item, JobState):
+                    final = item.summary or final
+                elif isinstance(item, Notice):
+                    print(f"[eaglewatch] {item.message}", file=sys.stderr)
+                elif isinstance(item, LinkState) and item.state != "closed":
+                    print(f"[eaglewatch] link {item.state}{': ' + item.detail if item.detail else ''}",
+                          file=sys.stderr)
+                    if item.state == "failed":
+                        return 255
+            out.flush()
+            if view is not None and not batch:
+                view.idle()
+            if watch.finished.is_set() and watch.queue.empty():
+                break
+    except KeyboardInterrupt:
+        print(f"\n[eaglewatch] detached from {summary['run']}; it keeps running", file=sys.stderr)
+        return 130
+    if view is not None:
+        view.finish()
+    print(f"[eaglewatch] run {summary['run']} {_common.describe_exit(final)}", file=sys.stderr)
+    return _common.exit_status(final)
+
+
+def run(args: argparse.Namespace) -> int:
+    connection = _common.connect(args)
+    try:
+        return follow(connection, args.run, args.from_end, args.events, args.decoded)
+    finally:
+        _common.close_quietly(connection)

@@ -1,0 +1,57 @@
+"""``eaglewatch launch HOST -- CMD...``: start a job on the host, detached; print its run id."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from eaglewatch.errors import UserError
+from eaglewatch.tui.commands import _common
+
+HELP = "start a command on a host as a supervised run that outlives this terminal"
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--name", default=None, help="a name for the run (any text; its id stays a safe file name)")
+    parser.add_argument("--cwd", default=None, help="working directory on the host (default: the agent's, ~ over SSH)")
+    parser.add_argument("-e", "--env", action="append", default=[], metavar="NAME=VALUE",
+                        help="environment variable for the job; repeat for several")
+    parser.add_argument("--attach", action="store_true", help="stream the run's log until it ends")
+    parser.add_argument("--json", action="store_true", help="print the run's summary as JSON")
+    parser.add_argument("--no-tui", action="store_true",
+                        help="print the run id and return, even on a terminal (where the dashboard opens otherwise)")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    _common.add_host_arguments(parser)
+    add_options(parser)
+    parser.add_argument("cmd_argv", nargs=argparse.REMAINDER, metavar="-- CMD...", help="the command and arguments")
+
+
+def run(args: argparse.Namespace) -> int:
+    argv = _common.split_command(args, add_options)
+    if not argv:
+        raise UserError("give the command after --, e.g. eaglewatch launch HOST -- eaglewatch extract ...")
+    env = _common.parse_env(args.env)
+    connection = _common.connect(args)
+    try:
+        summary = _common.agent_call(connection.launch, argv, cwd=args.cwd, env=env, name=args.name)
+        if args.json:
+            print(json.dumps(summary, ensure_ascii=False))
+        else:
+            print(summary["run"])
+        print(f"eaglewatch: launched {summary['run']} on {args.host} (pid {summary.get('pid')}, "
+              f"{summary.get('run_dir')})", file=sys.stderr)
+        sys.stdout.flush()
+        if args.attach:
+            from eaglewatch.tui.commands.attach import follow
+
+            return follow(connection, summary["run"], from_end=False, show_events=False)
+        if not (args.no_tui or args.json) and sys.stdin.isatty() and sys.stdout.isatty():
+            from eaglewatch.tui.app.cli import open_run
+
+            return open_run(connection, summary["run"], args.host)
+        return 0
+    finally:
+        _common.close_quietly(connection)

@@ -1,0 +1,25 @@
+"""``eaglewatch stop HOST RUN``: SIGTERM the run's process group, SIGKILL it after a grace period."""
+
+from __future__ import annotations
+
+import argparse
+
+from eaglewatch.tui.commands import _common
+
+HELP = "stop a run: SIGTERM its whole process group, then SIGKILL after a grace period"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    _common.add_host_arguments(parser)
+    parser.add_argument("run", metavar="RUN", help="run id, a unique prefix of it, or the run's name")
+    parser.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL (%(default)s)")
+
+
+def run(args: argparse.Namespace) -> int:
+    connection = _common.connect(args)
+    try:
+        summary = _common.agent_call(connection.stop, args.run, grace_s=args.grace)
+    finally:
+        _common.close_quietly(connection)
+    print(f"{summary['run']}\t{_common.describe_exit(summary)}")
+    return 0

@@ -1,0 +1,247 @@
+"""A byte pipe to one agent process: a local subprocess, or a command on one SSH channel.
+
+A link carries one agent's lifetime. When it dies the connection makes a new one; nothing is reused.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import secrets
+import select
+import shlex
+import socket
+import subprocess
+import sys
+import threading
+from typing import Any, Protocol, Sequence
+
+from eaglewatch import protocol
+from eaglewatch.tui.connection import bundle
+from eaglewatch.tui.connection.errors import AgentStartError, ConnectionFailed
+from eaglewatch.tui.connection.ssh import SSHChain, SSHOptions, connect
+from eaglewatch.tui.connection.target import Endpoint
+
+TIMEOUT = object()  # what recv returns when nothing arrived in time
+
+
+class Link(Protocol):
+    description: str
+
+    def send(self, data: bytes) -> None: ...
+
+    def recv(self, timeout: float) -> bytes | object:
+        """Bytes; b"" at end of stream; TIMEOUT when nothing arrived within timeout."""
+
+    def stderr_text(self) -> str: ...
+
+    def transport_alive(self) -> bool:
+        """False when the carrier itself (the SSH transport) is gone, as opposed to the agent process ending."""
+
+    def close(self) -> None: ...
+
+
+def agent_argv(python: str, entry: Sequence[str], run_root: str | None, idle_exit_s: float | None) -> list[str]:
+    argv = [python, *entry, "serve", "--protocol", str(protocol.PROTOCOL_VERSION)]
+    if run_root:
+        argv += ["--run-root", run_root]
+    if idle_exit_s is not None:
+        argv += ["--idle-exit", f"{idle_exit_s:g}"]
+    return argv
+
+
+def remote_command(argv: Sequence[str]) -> str:
+    """The one string an SSH exec request carries, built from argv: every word quoted for the remote shell."""
+    return " ".join(shlex.quote(str(word)) for word in argv)
+
+
+class LocalLink:
+    """The agent as a child process of this one (``local`` target: the demo, tests, an operator on the host)."""
+
+    def __init__(self, run_root: str | None, idle_exit_s: float | None = None, python: str | None = None) -> None:
+        argv = agent_argv(python or sys.executable, ["-m", "eaglewatch.pipeline.agent"], run_root, idle_exit_s)
+        self.description = "local agent"
+        self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self._stderr = bytearray()
+        self._stderr_thread = threading.Thread(target=self._drain_stderr, daemon=True, name="eaglewatch-local-stderr")
+        self._stderr_thread.start()
+        self._send_lock = threading.Lock()
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def _drain_stderr(self) -> None:
+        assert self._proc.stderr is not None
+        for chunk in iter(lambda: self._proc.stderr.read1(4096), b""):  # type: ignore[union-attr]
+            self._stderr += chunk
+            del self._stderr[:-8192]
+
+    def send(self, data: bytes) -> None:
+        assert self._proc.stdin is not None
+        with self._send_lock:
+            self._proc.stdin.write(data)
+            self._proc.stdin.flush()
+
+    def recv(self, timeout: float) -> bytes | object:
+        try:
+            fd = self._proc.stdout.fileno()  # type: ignore[union-attr]
+            ready, _, _ = select.select([fd], [], [], timeout)
+            if not ready:
+                return TIMEOUT
+            return os.read(fd, 65536)
+        except (OSError, ValueError):  # closed under us by close()
+            return b""
+
+    def transport_alive(self) -> bool:
+        return True
+
+    def stderr_text(self) -> str:
+        self._stderr_thread.join(timeout=0.2)
+        return bytes(self._stderr).decode("utf-8", "replace")
+
+    def close(self) -> None:
+        try:
+            if self._proc.stdin is not None:
+                self._proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self._proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        for stream in (self._proc.stdout, self._proc.stderr):
+            try:
+                if stream is not None:
+                    stream.close()
+            except OSError:
+                pass
+
+
+class AgentUploader:
+    """Puts the agent zipapp on the host over SFTP, once per content hash, atomically (upload then rename)."""
+
+    def __init__(self) -> None:
+        self._known: dict[str, str] = {}  # endpoint -> remote path known to be in place
+
+    def forget(self, endpoint: Endpoint) -> None:
+        self._known.pop(str(endpoint), None)
+
+    def ensure(self, chain: SSHChain, endpoint: Endpoint, options: SSHOptions) -> str:
+        key = str(endpoint)
+        if key in self._known:
+            return self._known[key]
+        import paramiko
+
+        data, _ = bundle.build()
+        try:
+            sftp = paramiko.SFTPClient.from_transport(chain.transport)
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise ConnectionFailed(f"cannot open SFTP on {endpoint} to install the agent: {exc}") from None
+        try:
+            home = sftp.normalize(".")
+            folder = options.agent_dir if options.agent_dir.startswith("/") else posixpath.join(home, options.agent_dir)
+            remote = posixpath.join(folder, bundle.file_name())
+            try:
+                if sftp.stat(remote).st_size == len(data):
+                    self._known[key] = remote
+                    return remote
+            except FileNotFoundError:
+                pass
+            self._mkdirs(sftp, folder)
+            partial = f"{remote}.part-{secrets.token_hex(4)}"
+            with sftp.open(partial, "wb") as fh:
+                fh.set_pipelined(True)
+                fh.write(data)
+            sftp.chmod(partial, 0o644)
+            sftp.posix_rename(partial, remote)
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            raise ConnectionFailed(f"cannot install the agent on {endpoint} over SFTP: {exc}") from None
+        finally:
+            sftp.close()
+        self._known[key] = remote
+        return remote
+
+    @staticmethod
+    def _mkdirs(sftp: Any, folder: str) -> None:
+        parts = folder.split("/")
+        for index in range(2, len(parts) + 1):
+            path = "/".join(parts[:index])
+            if not path:
+                continue
+            try:
+                sftp.stat(path)
+            except FileNotFoundError:
+                sftp.mkdir(path, 0o700)
+
+
+class SSHLink:
+    """The agent on the far end of one SSH session channel (exec, no pty)."""
+
+    def __init__(self, chain: SSHChain, command: str, endpoint: Endpoint) -> None:
+        self.description = f"agent on {endpoint}"
+        self.chain = chain
+        self._stderr = bytearray()
+        try:
+            self.channel = chain.transport.open_session(timeout=10)
+            self.channel.exec_command(command)
+        except Exception as exc:
+            chain.close()
+            raise ConnectionFailed(f"cannot start the agent on {endpoint}: {exc}") from None
+
+    def send(self, data: bytes) -> None:
+        self.channel.sendall(data)
+
+    def recv(self, timeout: float) -> bytes | object:
+        self.channel.settimeout(timeout)
+        try:
+            data = self.channel.recv(65536)
+        except socket.timeout:
+            return TIMEOUT
+        except OSError:
+            return b""
+        if data == b"" and not self.chain.transport.is_active():
+            return b""
+        return data
+
+    def transport_alive(self) -> bool:
+        return bool(self.chain.transport.is_active())
+
+    def stderr_text(self) -> str:
+        try:
+            while self.channel.recv_stderr_ready():
+                self._stderr += self.channel.recv_stderr(8192)
+        except Exception:
+            pass
+        return bytes(self._stderr[-8192:]).decode("utf-8", "replace")
+
+    def close(self) -> None:
+        # Closing a transport whose peer hangs must not hang us: paramiko's close does not wait for the peer.
+        try:
+            self.channel.close()
+        except Exception:
+            pass
+        self.chain.close()
+
+
+def open_ssh_link(
+    endpoint: Endpoint,
+    options: SSHOptions,
+    uploader: AgentUploader,
+    run_root: str | None,
+    idle_exit_s: float | None = None,
+) -> SSHLink:
+    chain = connect(endpoint, options)
+    try:
+        remote = uploader.ensure(chain, endpoint, options)
+    except BaseException:
+        chain.close()
+        raise
+    return SSHLink(chain, remote_command(agent_argv(options.python, [remote], run_root, idle_exit_s)), endpoint)
+
+
+def start_error(link: Link, what: str) -> AgentStartError:
+    stderr = link.stderr_text().strip()
+    hint = f": {stderr[-600:]}" if stderr else ""
+    return AgentStartError(f"{what} ({link.description}){hint}")
