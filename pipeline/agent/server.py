@@ -185,6 +185,46 @@ class Streamer(threading.Thread):
                 watch.events_offset += end
 
 
+class RunRanks:
+    """pid -> TP rank label ("Worker_TP3") for the running runs, read incrementally from their logs' prefixes,
+    so that per-process GPU memory can be shown per rank. Called by the sampler once per sample."""
+
+    def __init__(self, root: Path) -> None:
+        from eaglewatch.pipeline.telemetry.ranks import RankMap
+
+        self.root = root
+        self.ranks = RankMap()
+        self.offsets: dict[str, int] = {}
+
+    def running(self) -> list[Any]:
+        return [run for run in jobs.run_dirs(self.root) if not run.exit_path.exists()]
+
+    def output_dir(self) -> str | None:
+        """The newest running run's --output-dir, whose disk the sampler watches."""
+        for run in sorted(self.running(), key=lambda r: r.run_id, reverse=True):
+            cmd = run.cmd()
+            argv = [str(a) for a in cmd.get("argv", [])]
+            for i, arg in enumerate(argv):
+                value = argv[i + 1] if arg == "--output-dir" and i + 1 < len(argv) else (
+                    arg.split("=", 1)[1] if arg.startswith("--output-dir=") else None)
+                if value:
+                    return str(Path(cmd.get("cwd") or ".", value))
+        return None
+
+    def __call__(self) -> dict[int, str]:
+        for run in self.running():
+            offset = self.offsets.get(run.run_id, 0)
+            try:
+                with open(run.log_path, "rb") as f:
+                    f.seek(offset)
+                    data = f.read(4 << 20)
+            except OSError:
+                continue
+            self.offsets[run.run_id] = offset + len(data)
+            self.ranks.feed_log(data)
+        return self.ranks.as_dict()
+
+
 class TelemetryLoop(threading.Thread):
     """Samples through eaglewatch.pipeline.telemetry when it is importable; otherwise never starts."""
 
@@ -194,7 +234,9 @@ class TelemetryLoop(threading.Thread):
 
         self.out = out
         self.interval_s = interval_s
-        self.sampler = TelemetrySampler(interval_s, job_pids_fn=lambda: jobs.job_pids(root))
+        ranks = RunRanks(root)
+        self.sampler = TelemetrySampler(interval_s, output_dir=ranks.output_dir(),
+                                        job_pids_fn=lambda: jobs.job_pids(root), rank_map_fn=ranks)
         self._stop = threading.Event()
 
     def stop(self) -> None:
