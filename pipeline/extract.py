@@ -59,6 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trust-remote-code", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--write-timeout", type=float, default=600.0, help="seconds to wait for a batch's files")
+    parser.add_argument("--fsync", action=argparse.BooleanOptionalAction, default=True,
+                        help="fsync each file before its rename (default). --no-fsync leaves the write-back to the "
+                             "kernel: faster when the disk is the bottleneck, still atomic for a killed process, "
+                             "but not safe against a power loss")
     parser.add_argument("--no-preflight", action="store_true", help="skip the preflight checks and the miniature")
     parser.add_argument("--no-miniature", action="store_true", help="run the preflight checks but not the miniature")
     parser.add_argument("--miniature-samples", type=int, default=4, help="samples the miniature runs (default 4)")
@@ -90,6 +94,7 @@ class ExtractConfig:
     seed: int = 0
     write_timeout: float = 600.0
     engine_core_process: bool = False
+    fsync: bool = True
     no_preflight: bool = False
     no_miniature: bool = False
     miniature_samples: int = 4
@@ -210,14 +215,15 @@ def make_engine(cfg: ExtractConfig, plan: Plan):
     if cfg.engine == "hf":
         from eaglewatch.pipeline.engines.hf import HFEngine
 
-        return HFEngine(plan.info.path, plan.layer_ids, plan.dtype, trust_remote_code=cfg.trust_remote_code)
+        return HFEngine(plan.info.path, plan.layer_ids, plan.dtype, trust_remote_code=cfg.trust_remote_code,
+                        fsync=cfg.fsync)
     from eaglewatch.pipeline.engines.vllm_engine import VLLMEngine
 
     return VLLMEngine(plan.info.path, plan.layer_ids, dtype=plan.dtype, tp_size=cfg.tp_size,
                       max_seq_len=cfg.max_seq_len, gpu_memory_utilization=cfg.gpu_memory_utilization,
                       kv_cache_memory_bytes=cfg.kv_cache_memory_bytes, enforce_eager=cfg.enforce_eager,
                       trust_remote_code=cfg.trust_remote_code, seed=cfg.seed,
-                      deterministic=not cfg.engine_core_process)
+                      deterministic=not cfg.engine_core_process, fsync=cfg.fsync)
 
 
 def run_extract(cfg: ExtractConfig, echo=sys.stderr) -> dict[str, Any]:

@@ -44,6 +44,11 @@ CASES: list[tuple[str, bytes, dict[str, str]]] = [
         [(f"{SP}/vllm/v1/kv_cache_interface.py", 97, "page_size_bytes",
           "assert self.page_size_padded >= real_page_size")],
         "AssertionError"), {"vllm_version": "0.26.0", "tensor_parallel_size": "2"}),
+    # The same assertion as vLLM 0.26.0's source spells it.
+    ("vllm_51016_page_size", ENGINE_LINE + worker_traceback(
+        [(f"{SP}/vllm/v1/kv_cache_interface.py", 199, "page_size_bytes",
+          "assert self.page_size_padded >= self.unpadded_page_size_bytes")],
+        "AssertionError"), {"vllm_version": "0.26.0", "tensor_parallel_size": "2"}),
     ("block_hashes_assertion", worker_traceback(
         [(f"{SP}/vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py", 287,
           "build_connector_meta", "assert request.block_hashes, 'no block hashes'")], "AssertionError"), {}),

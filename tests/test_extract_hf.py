@@ -90,3 +90,12 @@ def test_kill_9_then_resume_is_bit_identical(tmp_path, tiny_llama, prepared_data
     assert resumed.returncode == 0, resumed.stderr
     assert not list(out.glob("*.tmp.*"))
     assert file_bytes(out) == file_bytes(hf_reference)
+
+
+def test_no_fsync_writes_the_same_files(tmp_path, tiny_llama, prepared_data, hf_reference):
+    out = tmp_path / "out"
+    proc = run_cli(*hf_args(tiny_llama, prepared_data, out, "--batch-size", "8", "--max-samples", "8", "--no-fsync"))
+    assert proc.returncode == 0, proc.stderr
+    written = file_bytes(out)
+    assert len(written) == 8
+    assert written == {name: data for name, data in file_bytes(hf_reference).items() if name in written}

@@ -23,12 +23,13 @@ class HFEngine:
     name = "hf"
 
     def __init__(self, model_path: str | Path, layer_ids: Sequence[int], dtype: str, device: str | None = None,
-                 trust_remote_code: bool = False):
+                 trust_remote_code: bool = False, fsync: bool = True):
         self.model_path = str(model_path)
         self.layer_ids = list(layer_ids)
         self.dtype = dtype
         self.device = device
         self.trust_remote_code = trust_remote_code
+        self.fsync = fsync
         self.model: Any = None
         self._captured: dict[int, Any] = {}
 
@@ -78,7 +79,7 @@ class HFEngine:
                 "hidden_states": states,
                 "token_ids": torch.tensor(sample.input_ids, dtype=torch.int64),
                 "loss_mask": torch.tensor(sample.loss_mask, dtype=torch.int8),
-            })
+            }, fsync=self.fsync)
 
     def flush(self) -> None:
         return None  # submit writes synchronously

@@ -5,7 +5,8 @@ in the KV cache of a cache-only layer (heads = layers, head size = hidden). A KV
 the request finishes. vLLM's stock example connector pins host memory and uses CUDA events, which CPU-only torch
 refuses, and it writes its own file layout. This one:
 
-* works on CUDA (async device-to-host copy on a side stream, then a writer thread) and on CPU (a plain copy);
+* works on CUDA (gather and async device-to-host copy on a side stream, then a writer thread) and on CPU (a plain
+  copy), with either layout of the cache-only layer's buffer (see ``_block_axis``);
 * writes the final ``hs_{id}.safetensors`` directly (``hidden_states [seq, n_layers, hidden]``, ``token_ids``,
   ``loss_mask``), atomically: temporary name, fsync, rename. A file under its final name is always complete;
 * on a write error, leaves ``<final>.failed`` holding the message, so the driver can report it;
@@ -67,6 +68,25 @@ def _parse_fault(spec: str) -> int | None:
     return int(count or 0)
 
 
+def _block_axis() -> int:
+    """Axis of the in-block offset in the cache-only layer's buffer.
+
+    vLLM up to 0.26 lays it out ``[blocks, block_size, layers, hidden]`` (its backend declares that shape through
+    ``get_kv_cache_shape``); later versions ``[blocks, layers, block_size, hidden]``. The sizes alone cannot tell
+    the two apart when the layer count equals the block size, so ask the installed backend.
+    """
+    try:
+        from vllm.model_executor.models.extract_hidden_states import CacheOnlyAttentionBackend
+    except ImportError:
+        return 2
+    shape_fn = getattr(CacheOnlyAttentionBackend, "get_kv_cache_shape", None)
+    if shape_fn is None:
+        return 2
+    # Distinct sizes (blocks, block_size, heads, head_size) show where the block offset lands.
+    shape = tuple(shape_fn(2, 3, 5, 7))
+    return shape.index(3) if len(shape) == 4 and 3 in shape else 2
+
+
 def _hidden_state_group(kv_cache_config: Any) -> int:
     """Index of the KV cache group that holds the extracted hidden states."""
     if kv_cache_config is None:
@@ -92,11 +112,13 @@ class EaglewatchHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
         self._kv_cache: torch.Tensor | None = None
         self._block_size = vllm_config.cache_config.block_size
         self._is_writer = True
+        self._block_axis = 2
         self._copy_stream: Any = None
         self._copy_events: dict[str, Any] = {}
         self._finished: set[str] = set()
         self._writes_submitted = 0
         self._fault_after = _parse_fault(os.environ.get(FAULT_ENV, ""))
+        self._fsync = bool(self._kv_transfer_config.get_from_extra_config("fsync", True))
         threads = int(self._kv_transfer_config.get_from_extra_config("num_writer_threads", 4))
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="eaglewatch-write")
 
@@ -114,8 +136,12 @@ class EaglewatchHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
                 "method 'extract_hidden_states'?"
             )
         self._kv_cache = kv_caches[next(iter(layers))]
-        # Views are [num_blocks, layers, block_size, hidden]; the block size must be the buffer's own.
-        self._block_size = int(self._kv_cache.shape[2])
+        if self._kv_cache.dim() != 4:
+            raise RuntimeError(f"unexpected hidden-states cache shape {tuple(self._kv_cache.shape)}: expected 4 "
+                               "dimensions [blocks, block_size, layers, hidden] or [blocks, layers, block_size, hidden]")
+        # The block size must be the buffer's own (cache_config's may be rounded up for hybrid models).
+        self._block_axis = _block_axis()
+        self._block_size = int(self._kv_cache.shape[self._block_axis])
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         return None  # store only
@@ -130,44 +156,50 @@ class EaglewatchHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
         return None
 
     def _gather(self, write: _PendingWrite) -> torch.Tensor:
+        """``[seq, layers, hidden]`` rows of this request, on the cache's device (and current stream)."""
         assert self._kv_cache is not None
         blocks = torch.tensor(write.block_ids, dtype=torch.long)
         offsets = torch.arange(self._block_size, dtype=torch.long)
         slots = (blocks[:, None] * self._block_size + offsets[None, :]).flatten()[: len(write.token_ids)]
-        slots = slots.to(self._kv_cache.device)
+        slots = slots.to(self._kv_cache.device, non_blocking=True)
+        if self._block_axis == 1:
+            return self._kv_cache[slots // self._block_size, slots % self._block_size]
         return self._kv_cache[slots // self._block_size, :, slots % self._block_size]
 
     def _submit(self, write: _PendingWrite) -> None:
         if self._fault_after is not None:
             assert self._writes_submitted < self._fault_after
         self._writes_submitted += 1
-        states = self._gather(write)
-        if states.is_cuda:
-            # Copy on a side stream into pinned memory so the forward pass is not blocked.
+        assert self._kv_cache is not None
+        if self._kv_cache.is_cuda:
+            # Gather and copy on a side stream into pinned memory so the forward pass is not blocked. The gathered
+            # rows are allocated on the side stream too: made on the forward's stream, their memory could be
+            # handed to the next forward pass while the copy still reads it.
             if self._copy_stream is None:
-                self._copy_stream = torch.cuda.Stream()
+                self._copy_stream = torch.cuda.Stream(device=self._kv_cache.device)
             ready = torch.cuda.Event()
             ready.record()
             self._copy_stream.wait_event(ready)
             with torch.cuda.stream(self._copy_stream):
+                states = self._gather(write)
                 host = torch.empty(states.shape, dtype=states.dtype, pin_memory=True)
                 host.copy_(states, non_blocking=True)
             done = torch.cuda.Event()
             done.record(self._copy_stream)
             self._copy_events[write.req_id] = done
         else:
-            host, done = states.clone(), None
+            host, done = self._gather(write).clone(), None
         tensors = {"hidden_states": host, "token_ids": torch.tensor(write.token_ids, dtype=torch.int64)}
         if write.loss_mask is not None:
             tensors["loss_mask"] = torch.tensor(write.loss_mask, dtype=torch.int8)
-        self._executor.submit(self._write, write.path, tensors, done)
+        self._executor.submit(self._write, write.path, tensors, done, self._fsync)
 
     @staticmethod
-    def _write(path: str, tensors: dict[str, torch.Tensor], done: Any) -> None:
+    def _write(path: str, tensors: dict[str, torch.Tensor], done: Any, fsync: bool = True) -> None:
         try:
             if done is not None:
                 done.synchronize()
-            write_sample_file(path, {k: v.contiguous() for k, v in tensors.items()})
+            write_sample_file(path, {k: v.contiguous() for k, v in tensors.items()}, fsync=fsync)
         except BaseException as exc:  # the driver is waiting on this file: tell it why it will not come
             with open(path + ".failed", "w") as f:
                 f.write(f"{type(exc).__name__}: {exc}\n")
@@ -230,5 +262,6 @@ class EaglewatchHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: "VllmConfig") -> str | None:
-        # One token's layers stay together in memory, which the gather above relies on.
-        return "LBNHC"
+        # One token's layers stay together in memory. "NHD" is the name every vLLM version accepts: up to 0.26 it
+        # is one of the two layouts there are, later versions read it as an alias of "LBNHC".
+        return "NHD"

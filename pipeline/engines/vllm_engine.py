@@ -34,6 +34,7 @@ def extraction_llm_kwargs(
     enforce_eager: bool,
     trust_remote_code: bool,
     max_num_seqs: int | None = None,
+    fsync: bool = True,
 ) -> dict[str, Any]:
     """The ``vllm.LLM`` arguments for a native hidden-state extraction (also what bench/ uses for bare vLLM)."""
     kwargs: dict[str, Any] = dict(
@@ -55,6 +56,7 @@ def extraction_llm_kwargs(
             "kv_connector": CONNECTOR_CLASS,
             "kv_connector_module_path": CONNECTOR_MODULE,
             "kv_role": "kv_producer",
+            "kv_connector_extra_config": {"fsync": fsync},
         },
     )
     if kv_cache_memory_bytes:
@@ -72,13 +74,13 @@ class VLLMEngine:
     def __init__(self, model_path: str | Path, layer_ids: Sequence[int], *, dtype: str, tp_size: int,
                  max_seq_len: int, gpu_memory_utilization: float, kv_cache_memory_bytes: int | None = None,
                  enforce_eager: bool | None = None, trust_remote_code: bool = False, seed: int = 0,
-                 deterministic: bool = True):
+                 deterministic: bool = True, fsync: bool = True):
         self.model_path = str(model_path)
         self.layer_ids = list(layer_ids)
         self.options = dict(tp_size=tp_size, dtype=dtype, max_seq_len=max_seq_len,
                             gpu_memory_utilization=gpu_memory_utilization,
                             kv_cache_memory_bytes=kv_cache_memory_bytes, enforce_eager=enforce_eager,
-                            trust_remote_code=trust_remote_code)
+                            trust_remote_code=trust_remote_code, fsync=fsync)
         self.seed = seed
         self.deterministic = deterministic
         self.llm: Any = None

@@ -73,7 +73,9 @@ RULES: tuple[HintRule, ...] = (
         "A known vLLM bug (vllm-project/vllm#51016) in vLLM 0.25.1 to 0.26 with tensor_parallel_size >= 2: "
         "page-size unification leaves a padded page smaller than the real one. Use a vLLM release outside "
         "that range, or run with --tensor-parallel-size 1.",
-        match=r"page_size_padded\s*>=\s*real_page_size",
+        # vLLM 0.26.0 asserts `self.page_size_padded >= self.unpadded_page_size_bytes`; reports quote it as
+        # `page_size_padded >= real_page_size`. Either spelling, in the message or the failing source line.
+        match=r"page_size_padded\s*>=\s*(?:self\.)?(?:real_page_size|unpadded_page_size_bytes)",
         facts=("vllm_version", "tensor_parallel_size"),
     ),
     HintRule(
