@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "stop": "eaglewatch.tui.commands.stop",
     "restart": "eaglewatch.tui.commands.restart",
     "agent": "eaglewatch.pipeline.agent.cli",
+    "dashboard": "eaglewatch.tui.app.cli",
 }
 
 
@@ -63,11 +64,17 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        # No arguments: the local demo, which opens the dashboard on it when this is a terminal.
+        argv = ["demo"]
+    elif argv[0] not in COMMANDS and not argv[0].startswith("-"):
+        # `eaglewatch HOST [RUN]`: the dashboard on that host.
+        argv = ["dashboard", *argv]
     chosen = argv[0] if argv and argv[0] in COMMANDS else None
     parser = build_parser(only=chosen)
     args = parser.parse_args(argv)
     if getattr(args, "_module", None) is None:
-        # No subcommand: the default is the local demo (later: the dashboard on it).
+        # Only options and no subcommand: the local demo, with them.
         args = parser.parse_args(["demo", *argv])
     try:
         return int(args._module.run(args) or 0)

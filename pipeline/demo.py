@@ -2,6 +2,10 @@
 
 Steps: build the tiny Llama (8 shards) once, tokenize the bundled chat data, extract with vLLM (the transformers
 engine when vLLM is not installed), then verify against transformers. Everything lives under ``--workdir``.
+
+On a terminal (and without ``--no-tui``) the same steps run as a supervised local run, with the dashboard open on
+it; the dashboard lives on the operator side and is imported only then. ``--fault`` makes the vLLM worker fail a
+bare ``assert`` after 20 samples, so that the failure panel has something real to show.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from eaglewatch.assets import SAMPLE_CHAT_DATA
 HELP = "run a real local extraction on the bundled tiny model and data"
 DEFAULT_WORKDIR = Path(os.environ.get("EAGLEWATCH_DEMO_DIR", Path.home() / ".cache" / "eaglewatch" / "demo"))
 DEMO_LAYER_IDS = [1, 2, 4]
+FAULT_SPEC = "worker_assert:20"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,6 +28,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", choices=("auto", "vllm", "hf"), default="auto")
     parser.add_argument("--tp-size", type=int, default=1)
     parser.add_argument("--fresh", action="store_true", help="start the extraction over (--force-new)")
+    parser.add_argument("--fault", action="store_true",
+                        help="inject a worker fault (a bare assert after 20 samples; vLLM engine, separate "
+                             "engine-core and worker processes), to see the failure panel at work")
+    parser.add_argument("--no-tui", action="store_true",
+                        help="print the steps instead of opening the dashboard (the default when not on a terminal)")
 
 
 def vllm_installed() -> bool:
@@ -40,7 +50,23 @@ def ensure_tiny_model(workdir: Path) -> Path:
     return model_dir
 
 
+def wants_dashboard(args: argparse.Namespace) -> bool:
+    return not args.no_tui and sys.stdin.isatty() and sys.stdout.isatty()
+
+
 def run(args: argparse.Namespace) -> int:
+    if wants_dashboard(args):
+        try:
+            from eaglewatch.tui.app.embedded import run_demo_dashboard
+        except ImportError as exc:  # the operator side (textual) is not installed: plain output
+            print(f"[demo] no dashboard ({exc}); printing the steps instead", file=sys.stderr)
+        else:
+            return run_demo_dashboard(args)
+    return run_steps(args)
+
+
+def run_steps(args: argparse.Namespace) -> int:
+    from eaglewatch.errors import UserError
     from eaglewatch.pipeline.extract import ExtractConfig, run_extract
     from eaglewatch.pipeline.prepare import load_tokenizer, prepare
     from eaglewatch.pipeline.verify import verify
@@ -49,6 +75,13 @@ def run(args: argparse.Namespace) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("VLLM_CACHE_ROOT", str(workdir / "vllm-cache"))
     engine = args.engine if args.engine != "auto" else ("vllm" if vllm_installed() else "hf")
+    if args.fault:
+        if engine != "vllm" or not vllm_installed():
+            raise UserError("--fault injects the fault into the vLLM worker: it needs vLLM and --engine vllm")
+        from eaglewatch.pipeline.engines.vllm_connector import FAULT_ENV
+
+        os.environ[FAULT_ENV] = FAULT_SPEC
+        print(f"[demo] fault injected: {FAULT_ENV}={FAULT_SPEC}", file=sys.stderr)
     model_dir = ensure_tiny_model(workdir)
     prepared = workdir / "prepared.jsonl"
     report = prepare(SAMPLE_CHAT_DATA, prepared, load_tokenizer(str(model_dir)), max_length=512)
@@ -57,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
     out = workdir / f"hidden-states-{engine}"
     cfg = ExtractConfig(model_path=str(model_dir), prepared_data=str(prepared), output_dir=str(out),
                         layer_ids=DEMO_LAYER_IDS, engine=engine, batch_size=8, max_seq_len=512,
-                        tp_size=args.tp_size, force_new=args.fresh)
+                        tp_size=args.tp_size, force_new=args.fresh or args.fault,
+                        engine_core_process=args.fault)
     manifest = run_extract(cfg)
     result = verify(out, against_hf=2 if engine == "vllm" else 0)
     print(f"[demo] {manifest.get('samples_done', manifest.get('samples_total'))} samples in {out}; "

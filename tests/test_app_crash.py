@@ -1,0 +1,60 @@
+"""A crash run: `eaglewatch demo --fault` (the real vLLM engine, a worker failing a bare assert) under the
+dashboard. The failure panel must put the worker's AssertionError first, with its source line, and alert."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+import pytest
+
+pytest.importorskip("textual")
+pytest.importorskip("vllm")
+
+from agent_support import run_root  # noqa: F401  (fixture)
+from app_support import screen_text, wait_until
+from test_app_local import run_screen
+
+from eaglewatch.tui.app.app import DashboardApp, LaunchRequest
+from eaglewatch.tui.app.embedded import demo_argv
+from eaglewatch.tui.app.screens.dialogs import TracebackScreen
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+
+def test_demo_fault_shows_the_worker_assert_as_root_cause(run_root, tmp_path):
+    args = argparse.Namespace(workdir=str(tmp_path / "demo"), engine="vllm", tp_size=1, fault=True)
+    app = DashboardApp("local", launch=LaunchRequest(demo_argv(args), name="demo-fault"),
+                       connect_kwargs={"run_root": str(run_root)})
+
+    async def scenario():
+        async with app.run_test(size=(80, 24), notifications=True) as pilot:
+            screen = await wait_until(pilot, lambda: run_screen(app), 30, what="run screen")
+            await wait_until(pilot, lambda: screen.model.snapshot().failures, 240, step_s=0.5,
+                             what="a decoded failure")
+            await wait_until(pilot, lambda: screen.model.snapshot().exit_text, 120, what="the run's end")
+            await pilot.pause(0.3)
+            view = screen.model.snapshot()
+            root = view.failures[0]
+            assert root.summary.startswith("AssertionError at vllm_connector.py")
+            assert root.source_line == "assert self._writes_submitted < self._fault_after"
+            assert "Worker" in root.lanes and root.tier == "original"
+            # What re-raised it comes after, marked as such.
+            assert all(f.tier != "original" or "Worker" in f.lanes for f in view.failures[1:])
+            assert view.phase == "failed" and "failed" in view.marks and view.exit_code
+            assert "loading" in view.phases_seen and "extracting" in view.phases_seen
+            assert any(m.startswith("failure in") and "AssertionError" in m
+                       for m in (n.message for n in app._notifications))
+            app.clear_notifications()
+            await pilot.pause(0.2)
+            text = screen_text(app)  # readable at 80x24
+            assert "FAILED" in text and "AssertionError at vllm_connector.py" in text, text
+            await pilot.press("f")
+            await pilot.press("enter")
+            await wait_until(pilot, lambda: isinstance(app.screen, TracebackScreen), 5, what="traceback")
+            full = screen_text(app)
+            assert "Traceback (most recent call last)" in full and "_submit" in full
+            await pilot.press("escape")
+            await pilot.press("q")
+
+    asyncio.run(scenario())

@@ -1,0 +1,178 @@
+"""Keys on the run screen against real local runs: stop, stop-and-quit, restart, detach and reattach, read-only."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import pytest
+
+pytest.importorskip("textual")
+
+from agent_support import run_root  # noqa: F401  (fixture)
+from app_support import screen_text, wait_until
+from test_app_local import extract_argv, run_screen
+
+from eaglewatch.tui.app.app import DashboardApp, LaunchRequest
+from eaglewatch.tui.app.screens.dialogs import ConfirmScreen, HelpScreen, RestartScreen
+from eaglewatch.tui.connection import Connection
+
+# A job that runs until stopped and says so: a numbered line every 50 ms.
+TICKER = [sys.executable, "-u", "-c",
+          "import time\nfor i in range(100000):\n    print(f'tick {i}', flush=True)\n    time.sleep(0.05)\n"]
+
+
+def status(run_root, run):
+    with Connection("local", run_root=str(run_root)) as connection:
+        return connection.status(run)
+
+
+def launch_app(run_root, argv=TICKER, **kwargs):
+    return DashboardApp("local", launch=LaunchRequest(argv, name="ticker"),
+                        connect_kwargs={"run_root": str(run_root)}, **kwargs)
+
+
+async def open_screen(pilot, app):
+    screen = await wait_until(pilot, lambda: run_screen(app), 30, what="run screen")
+    await wait_until(pilot, lambda: screen.model.snapshot().log_last_seq > 3, 30, what="first lines")
+    return screen
+
+
+def notifications(app) -> list[str]:
+    return [n.message for n in app._notifications]
+
+
+def test_stop_asks_first_then_stops_the_job(run_root):
+    app = launch_app(run_root)
+
+    async def scenario():
+        async with app.run_test(size=(100, 30), notifications=True) as pilot:
+            screen = await open_screen(pilot, app)
+            await pilot.press("s")
+            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 5, what="confirm")
+            await pilot.press("n")  # cancelled: nothing happens
+            await pilot.pause(0.5)
+            assert app.screen is screen and status(run_root, screen.run_id)["state"] == "running"
+            await pilot.press("s")
+            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 5, what="confirm")
+            await pilot.press("y")
+            await wait_until(pilot, lambda: screen.model.snapshot().exit_text, 30, what="the stop")
+            view = screen.model.snapshot()
+            assert view.exit_text == "killed by SIGTERM" and view.phase == "failed"
+            assert status(run_root, screen.run_id)["state"] == "exited"
+            assert "killed by SIGTERM" in screen_text(app)
+
+    asyncio.run(scenario())
+
+
+def test_stop_and_quit_stops_the_job_then_exits(run_root):
+    app = launch_app(run_root)
+
+    async def scenario():
+        async with app.run_test(size=(100, 30)) as pilot:
+            screen = await open_screen(pilot, app)
+            run = screen.run_id
+            await pilot.press("Q")
+            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 5, what="confirm")
+            await pilot.press("y")
+            await wait_until(pilot, lambda: app.return_value is not None, 30, what="exit")
+        return run
+
+    run = asyncio.run(scenario())
+    assert app.return_value == ("stopped", run)
+    assert status(run_root, run)["state"] == "exited"
+
+
+def test_detach_leaves_the_job_running_and_reattach_rebuilds_the_view(tiny_llama, prepared_data, run_root,
+                                                                       tmp_path):
+    app = launch_app(run_root, extract_argv(tiny_llama, prepared_data, tmp_path / "out"))
+
+    async def first():
+        async with app.run_test(size=(100, 30)) as pilot:
+            screen = await wait_until(pilot, lambda: run_screen(app), 30, what="run screen")
+            await wait_until(pilot, lambda: screen.model.snapshot().phases_seen, 60, what="first phase")
+            await pilot.press("q")
+            await wait_until(pilot, lambda: app.return_value is not None, 10, what="exit")
+            return screen.run_id
+
+    run = asyncio.run(first())
+    assert app.return_value == ("detached", run)
+    # The job outlived the dashboard: it goes on to a normal end, not a signal.
+    with Connection("local", run_root=str(run_root)) as connection:
+        watch = connection.watch(run)
+        assert watch.finished.wait(90)
+        final = connection.status(run)
+    assert final["exit"] == {**final["exit"], "code": 0}
+
+    again = DashboardApp("local", run=run, connect_kwargs={"run_root": str(run_root)})
+
+    async def second():
+        async with again.run_test(size=(160, 48)) as pilot:
+            screen = await wait_until(pilot, lambda: run_screen(again), 30, what="run screen")
+            await wait_until(pilot, lambda: screen.model.snapshot().phase == "done", 30, what="replayed view")
+            view = screen.model.snapshot()
+            assert view.run == run and view.phases_seen == ("validating", "loading", "extracting", "done")
+            assert (view.extraction.done, view.extraction.total) == (64, 64)
+            assert any(bar.desc == "Loading weights" and bar.done for bar in view.load)
+            assert "64/64" in screen_text(again)
+
+    asyncio.run(second())
+
+
+def test_restart_from_the_keyboard_with_edited_arguments(run_root):
+    app = launch_app(run_root)
+
+    async def scenario():
+        async with app.run_test(size=(100, 30)) as pilot:
+            screen = await open_screen(pilot, app)
+            old = screen.run_id
+            await pilot.press("r")
+            dialog = await wait_until(pilot, lambda: isinstance(app.screen, RestartScreen) and app.screen, 5,
+                                      what="restart dialog")
+            field = dialog.query_one("#argv")
+            assert "tick" in field.value
+            field.value = field.value.replace("tick {i}", "tock {i}")
+            await pilot.press("enter")
+            new_screen = await wait_until(pilot, lambda: run_screen(app) is not screen and run_screen(app), 60,
+                                          what="the new run's screen")
+            await wait_until(pilot, lambda: "tock" in screen_text(app), 30, what="the new run's output")
+            new = new_screen.run_id
+            assert new != old
+            assert new_screen.model.snapshot().restart_of == old
+            assert status(run_root, old)["state"] == "exited"
+            assert status(run_root, new)["state"] == "running"
+            await pilot.press("Q")
+            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 5, what="confirm")
+            await pilot.press("y")
+            await wait_until(pilot, lambda: app.return_value is not None, 30, what="exit")
+
+    asyncio.run(scenario())
+
+
+def test_read_only_refuses_every_key_that_changes_the_job(run_root):
+    app = launch_app(run_root, read_only=True)
+
+    async def scenario():
+        async with app.run_test(size=(100, 30), notifications=True) as pilot:
+            screen = await open_screen(pilot, app)
+            for key in ("r", "s", "Q"):
+                await pilot.press(key)
+                await pilot.pause(0.3)
+                assert app.screen is screen, f"{key} opened {app.screen!r}"
+            refused = [m for m in notifications(app) if m.startswith("read-only")]
+            assert len(refused) == 3
+            assert status(run_root, screen.run_id)["state"] == "running"
+            # Looking is still allowed: help, full-screen log, and detaching.
+            await pilot.press("question_mark")
+            await wait_until(pilot, lambda: isinstance(app.screen, HelpScreen), 5, what="help")
+            assert "read-only" in screen_text(app)
+            await pilot.press("escape")
+            await pilot.press("l")
+            await wait_until(pilot, lambda: screen.maximized is screen.query_one("#log"), 5, what="full-screen log")
+            await pilot.press("q")
+            await wait_until(pilot, lambda: app.return_value is not None, 10, what="exit")
+            return screen.run_id
+
+    run = asyncio.run(scenario())
+    assert app.return_value == ("detached", run)
+    assert status(run_root, run)["state"] == "running"  # the fixture's clean-up stops it

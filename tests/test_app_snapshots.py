@@ -1,0 +1,44 @@
+"""Snapshots of the run screen at 80x24 and 160x48, from real logs and real H200 telemetry, with fixed clocks.
+
+Update after an intended change of the look: pytest tests/test_app_snapshots.py --snapshot-update
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("textual")
+pytest.importorskip("pytest_textual_snapshot")
+
+from app_support import crashed_model, extracting_model
+
+from eaglewatch.tui.app.app import DashboardApp
+
+
+def quiet(model):
+    """The app, with the run's alerts marked as seen so that no notification covers the panels."""
+    app = DashboardApp("gpu-box", model=model)
+
+    async def settle(pilot):
+        await pilot.pause(0.2)
+        pilot.app.clear_notifications()
+        await pilot.pause(0.1)
+
+    return app, settle
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
+def test_crashed_run(snap_compare, size):
+    app, settle = quiet(crashed_model())
+    assert snap_compare(app, terminal_size=size, run_before=settle)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
+def test_run_mid_extraction(snap_compare, size):
+    app, settle = quiet(extracting_model())
+    assert snap_compare(app, terminal_size=size, run_before=settle)
+
+
+def test_full_screen_failures_at_80x24(snap_compare):
+    app, settle = quiet(crashed_model())
+    assert snap_compare(app, terminal_size=(80, 24), run_before=settle, press=["f"])

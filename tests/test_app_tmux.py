@@ -1,0 +1,63 @@
+"""End to end: the real `eaglewatch demo` in a real terminal (tmux), driven by keys, read with capture-pane."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def tmux(tmp_path):
+    if shutil.which("tmux") is None:
+        message = "tmux is missing: apt-get install -y tmux"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    socket = f"eaglewatch-test-{uuid.uuid4().hex[:8]}"
+
+    def run(*args: str) -> str:
+        return subprocess.run(["tmux", "-L", socket, *args], check=True, capture_output=True, text=True).stdout
+
+    yield run
+    subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)
+
+
+def wait_for_screen(tmux, predicate, timeout_s: float, what: str) -> str:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        screen = tmux("capture-pane", "-p", "-t", "demo")
+        if predicate(screen):
+            return screen
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not seen within {timeout_s} s; screen:\n{screen}")
+        time.sleep(0.2)
+
+
+def test_demo_in_a_terminal_opens_the_dashboard_and_q_detaches(tmux, tmp_path):
+    runs = tmp_path / "runs"
+    env = {"EAGLEWATCH_RUN_ROOT": str(runs), "TERM": "xterm-256color", "PYTHONPATH": os.getcwd()}
+    exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    command = (f"env {exports} {shlex.quote(sys.executable)} -m eaglewatch demo --engine hf "
+               f"--workdir {shlex.quote(str(tmp_path / 'demo'))}; echo EXIT=$?; sleep 60")
+    tmux("new-session", "-d", "-s", "demo", "-x", "100", "-y", "30", command)
+    screen = wait_for_screen(tmux, lambda s: "DONE" in s and "exit code 0" in s, 120, "the finished run")
+    assert "64/64" in screen and "local" in screen
+    tmux("send-keys", "-t", "demo", "?")
+    wait_for_screen(tmux, lambda s: "eaglewatch keys" in s and "detach" in s, 10, "the help screen")
+    tmux("send-keys", "-t", "demo", "Escape")
+    wait_for_screen(tmux, lambda s: "eaglewatch keys" not in s, 10, "help closed")
+    tmux("send-keys", "-t", "demo", "q")
+    screen = wait_for_screen(tmux, lambda s: "EXIT=" in s, 20, "the dashboard's exit")
+    assert "EXIT=0" in screen and "detached from" in screen
+    # The run lives in the run directory, as the agent wrote it.
+    (run_dir,) = runs.iterdir()
+    assert (run_dir / "exit.json").exists() and b"phase: done" in (run_dir / "log").read_bytes()

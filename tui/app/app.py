@@ -1,0 +1,170 @@
+"""DashboardApp: connect to a host (locally or over SSH), then show a run, or the host's runs.
+
+Start-up happens in a thread worker: connecting (an unknown host key brings up a dialog and waits for the
+operator), launching when asked to, then opening the run screen or the runs list. The app owns the one
+Connection; screens use it from their own thread workers.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Optional, Sequence
+
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.widgets import Footer, Static
+from textual.worker import get_current_worker
+
+from eaglewatch.tui.app.screens.dialogs import HostKeyScreen
+from eaglewatch.tui.app.screens.run import RunScreen
+from eaglewatch.tui.app.screens.runs import RunsScreen
+from eaglewatch.tui.runstate import RunModel, Thresholds
+
+
+def _css_path() -> str:
+    from importlib.resources import files
+
+    return str(files("eaglewatch.assets").joinpath("dashboard.tcss"))
+
+
+class LaunchRequest:
+    def __init__(self, argv: Sequence[str], cwd: Optional[str] = None, env: Optional[dict[str, str]] = None,
+                 name: Optional[str] = None) -> None:
+        self.argv = list(argv)
+        self.cwd = cwd
+        self.env = dict(env or {})
+        self.name = name
+
+
+class DashboardApp(App):
+    CSS_PATH = _css_path()
+    TITLE = "eaglewatch"
+    ENABLE_COMMAND_PALETTE = False
+    BINDINGS = [Binding("ctrl+c", "detach", "detach", show=False, priority=True)]
+
+    def __init__(
+        self,
+        host: str = "local",
+        *,
+        run: Optional[str] = None,
+        launch: Optional[LaunchRequest] = None,
+        connection: Any = None,
+        connect_kwargs: Optional[dict[str, Any]] = None,
+        read_only: bool = False,
+        thresholds: Thresholds = Thresholds(),
+        model: Optional[RunModel] = None,
+        telemetry: bool = True,
+    ) -> None:
+        """``connection``: a Connection, connected or not (else one is made from ``host`` and ``connect_kwargs``).
+        ``model``: show this already-fed model and connect to nothing (replays, snapshots)."""
+        super().__init__()
+        self.host = host
+        self.run_request = run
+        self.launch_request = launch
+        self.connection = connection
+        self.connect_kwargs = dict(connect_kwargs or {})
+        self.read_only = read_only
+        self.thresholds = thresholds
+        self.preloaded = model
+        self.telemetry = telemetry
+        self.opened_runs: list[str] = []
+        self._owns_connection = connection is None
+
+    def compose(self) -> ComposeResult:
+        yield Static(f"connecting to {self.host}…", id="status", markup=False)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        if self.preloaded is not None:
+            self.push_screen(RunScreen(self.preloaded.snapshot().run, self.preloaded, follow=False))
+            return
+        self._start()
+
+    def set_status(self, text: str, problem: str = "") -> None:
+        """Plain text (commands and errors hold brackets that are not markup)."""
+        from rich.text import Text
+
+        line = Text.assemble((problem, "bold red"), text) if problem else Text(text)
+        self.query_one("#status", Static).update(line)
+
+    # ------------------------------------------------------------------ start-up (thread worker)
+
+    @work(thread=True, exclusive=True, group="start", exit_on_error=False)
+    def _start(self) -> None:
+        worker = get_current_worker()
+        try:
+            self._connect(worker)
+            if worker.is_cancelled:
+                return
+            if self.launch_request is not None:
+                request = self.launch_request
+                self.call_from_thread(self.set_status, f"launching on {self.host}: {' '.join(request.argv)}")
+                summary = self.connection.launch(request.argv, cwd=request.cwd, env=request.env,
+                                                 name=request.name)
+                self.call_from_thread(self.open_run, summary, False)
+            elif self.run_request is not None:
+                summary = self.connection.status(self.run_request)
+                self.call_from_thread(self.open_run, summary, False)
+            else:
+                self.call_from_thread(self.push_screen, RunsScreen())
+        except Exception as exc:
+            if not worker.is_cancelled:
+                self.call_from_thread(self.set_status, f" {exc}\n\nctrl+c quits.", f"cannot open {self.host}:")
+                self.call_from_thread(self.notify, str(exc), severity="error", timeout=20)
+
+    def _connect(self, worker) -> None:
+        from eaglewatch.tui.connection import IDLE, Connection, UnknownHostKeyError
+
+        if self.connection is None:
+            self.connection = Connection(self.host, **self.connect_kwargs)
+        if self.connection.state != IDLE:
+            return
+        for _ in range(3):
+            try:
+                self.connection.connect()
+                return
+            except UnknownHostKeyError as exc:
+                if not self._ask_host_key(exc, worker):
+                    raise RuntimeError(f"refused the host key of {exc.host_id} ({exc.fingerprint})") from None
+                self.connection.accept_host_key(exc)
+                self.call_from_thread(self.notify, f"recorded {exc.host_id} {exc.fingerprint}")
+        raise RuntimeError("could not connect after accepting the host key")
+
+    def _ask_host_key(self, exc, worker) -> bool:
+        answered = threading.Event()
+        answer: list[bool] = []
+
+        def done(value: Optional[bool]) -> None:
+            answer.append(bool(value))
+            answered.set()
+
+        screen = HostKeyScreen(exc.host_id, exc.key_type, exc.fingerprint, exc.known_hosts_path)
+        self.call_from_thread(self.push_screen, screen, done)
+        while not answered.wait(0.05):
+            if worker.is_cancelled:
+                return False
+        return answer[0]
+
+    # ------------------------------------------------------------------ screens
+
+    def open_run(self, summary: dict[str, Any], replace: bool) -> None:
+        """Show one run; ``replace`` swaps the current run screen (after a restart)."""
+        run = summary["run"]
+        self.opened_runs.append(run)
+        model = RunModel(self.host, summary, thresholds=self.thresholds)
+        screen = RunScreen(run, model)
+        if replace and isinstance(self.screen, RunScreen):
+            self.switch_screen(screen)
+        else:
+            self.push_screen(screen)
+
+    def action_detach(self) -> None:
+        run = self.screen.run_id if isinstance(self.screen, RunScreen) else None
+        self.exit(("detached", run))
+
+    async def on_unmount(self) -> None:
+        self.workers.cancel_all()
+        connection = self.connection
+        if connection is not None and self._owns_connection:
+            threading.Thread(target=connection.close, name="eaglewatch-close", daemon=True).start()

@@ -1,0 +1,89 @@
+"""``eaglewatch [dashboard] HOST [RUN]``: the dashboard. Textual is imported only when it opens."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Optional
+
+from eaglewatch.errors import UserError
+from eaglewatch.tui.commands import _common
+
+HELP = "open the dashboard: the runs on HOST (default: this machine), or one run live"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("host", metavar="HOST", nargs="?", default=None,
+                        help="a host from the config file, an ssh-config alias, user@host[:port], or 'local'")
+    parser.add_argument("run", metavar="RUN", nargs="?", default=None,
+                        help="attach to this run at once (id, unique prefix, or name)")
+    parser.add_argument("--profile", default=None, help="launch this saved profile from the config file, then watch it")
+    parser.add_argument("--read-only", action="store_true", help="refuse every key that would change a job")
+    parser.add_argument("--stall-after", type=float, default=None, metavar="MIN",
+                        help="alert when loading or extraction makes no progress for MIN minutes (default 5)")
+    parser.add_argument("--config", default=None, help="config file (default $EAGLEWATCH_CONFIG or "
+                                                       "~/.config/eaglewatch/config.toml)")
+    _common.add_connection_options(parser)
+
+
+def interactive() -> bool:
+    return sys.stdin.isatty() and sys.stdout.isatty()
+
+
+def thresholds_from(cfg: Any, stall_after_min: Optional[float]) -> Any:
+    from eaglewatch.tui.runstate import Thresholds
+
+    stall = stall_after_min * 60 if stall_after_min is not None else cfg.stall_after_s
+    return Thresholds(stall_after_s=stall, low_disk_bytes=cfg.low_disk_bytes)
+
+
+def run_app(app: Any) -> int:
+    """Run the dashboard; say what became of the run when it closes."""
+    result = app.run()
+    if isinstance(result, tuple):
+        what, run = result
+        if what == "detached" and run:
+            print(f"eaglewatch: detached from {run} on {app.host}; it keeps running. "
+                  f"Reattach: eaglewatch {app.host} {run}", file=sys.stderr)
+        elif what == "stopped" and run:
+            print(f"eaglewatch: stopped {run} on {app.host}", file=sys.stderr)
+    return int(app.return_code or 0)
+
+
+def open_run(connection: Any, run: str, host: str, read_only: bool = False, thresholds: Any = None) -> int:
+    """Open the dashboard on ``run`` over an already connected ``connection`` (launch, demo)."""
+    from eaglewatch.tui.app.app import DashboardApp
+    from eaglewatch.tui.runstate import Thresholds
+
+    app = DashboardApp(host, run=run, connection=connection, read_only=read_only,
+                       thresholds=thresholds or Thresholds())
+    return run_app(app)
+
+
+def run(args: argparse.Namespace) -> int:
+    from eaglewatch.tui.app import config
+
+    if not interactive():
+        raise UserError("the dashboard needs a terminal; without one use `eaglewatch runs HOST` and "
+                        "`eaglewatch attach HOST RUN`")
+    cfg = config.load(args.config)
+    launch = None
+    host_name = args.host
+    if args.profile:
+        profile = cfg.profiles.get(args.profile)
+        if profile is None:
+            known = ", ".join(sorted(cfg.profiles)) or "none"
+            raise UserError(f"no profile {args.profile!r} in {cfg.path or 'the config file'} (known: {known})")
+        host_name = host_name or profile.host
+        from eaglewatch.tui.app.app import LaunchRequest
+
+        launch = LaunchRequest(profile.argv, profile.cwd, profile.env, profile.run_name or profile.name)
+    entry = cfg.host(host_name or "local")
+    if entry.python and args.python == "python3":
+        args.python = entry.python
+    connect_kwargs = {"run_root": args.run_root or entry.run_root, "ssh_options": _common.ssh_options(args)}
+    from eaglewatch.tui.app.app import DashboardApp
+
+    app = DashboardApp(entry.target, run=args.run, launch=launch, connect_kwargs=connect_kwargs,
+                       read_only=args.read_only, thresholds=thresholds_from(cfg, args.stall_after))
+    return run_app(app)

@@ -1,0 +1,259 @@
+"""The main screen: one run, live. Header, loading, extraction, GPUs, failures, log; keys to act on the job."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Footer, Input
+from textual.worker import get_current_worker
+
+from eaglewatch.tui.app.feed import follow_run
+from eaglewatch.tui.app.screens.dialogs import ConfirmScreen, HelpScreen, RestartScreen, TracebackScreen
+from eaglewatch.tui.app.widgets.panels import (
+    ExtractionPanel,
+    FailurePanel,
+    GpuPanel,
+    LoadPanel,
+    LogPanel,
+    RunHeader,
+)
+from eaglewatch.tui.runstate import RunModel
+
+if TYPE_CHECKING:
+    from eaglewatch.tui.app.app import DashboardApp
+
+REFRESH_HZ = 15  # redraws per second at most; the feed never posts per line
+LIVE_LINES_PER_REDRAW = 200  # of a burst, the log panel shows the newest this many per redraw
+WIDE_MIN = (120, 36)  # columns, rows: side-by-side failures and per-process GPU rows from here up
+
+HELP_ROWS = [
+    ("r", "restart the run (confirm; the arguments can be edited first)"),
+    ("s", "stop the run (confirm)"),
+    ("l", "full-screen log (again, or Esc, to go back)"),
+    ("f", "failures, root cause first; Enter opens the full traceback"),
+    ("g", "GPUs: memory, utilisation, temperature, power, processes by rank"),
+    ("/", "search the log (Enter keeps the filter, Esc clears it)"),
+    ("v", "log level filter: all, warnings and up, errors"),
+    ("n", "log lane filter: all, then each lane in turn"),
+    ("tab", "move between panels"),
+    ("?", "this help"),
+    ("q", "detach: quit the dashboard, the job keeps running"),
+    ("Q", "stop the job, then quit (confirm)"),
+    ("Esc", "back to the runs list (when opened from it)"),
+]
+
+
+class RunScreen(Screen):
+    BINDINGS = [
+        Binding("r", "restart", "restart"),
+        Binding("s", "stop", "stop"),
+        Binding("l", "toggle_max('log')", "log"),
+        Binding("f", "toggle_max('failures')", "failures"),
+        Binding("g", "toggle_max('gpus')", "GPUs"),
+        Binding("slash", "search", "search"),
+        Binding("question_mark", "help", "help"),
+        Binding("q", "detach", "detach"),
+        Binding("Q", "stop_quit", "stop+quit"),
+        Binding("escape", "back", "back", show=False),
+    ]
+
+    def __init__(self, run: Optional[str], model: RunModel, follow: bool = True) -> None:
+        super().__init__()
+        self.run_id = run
+        self.model = model
+        self.follow = follow
+        self._seen_version = -1
+        self._alert_seq = 0
+        self.redraws = 0
+
+    @property
+    def dash(self) -> "DashboardApp":
+        return self.app  # type: ignore[return-value]
+
+    def compose(self) -> ComposeResult:
+        yield RunHeader(id="header")
+        with Horizontal(id="upper"):
+            with Vertical(id="stats"):
+                with Horizontal(id="row1"):
+                    yield LoadPanel(id="load")
+                    yield ExtractionPanel(id="extraction")
+                yield GpuPanel(id="gpus")
+            yield FailurePanel(id="failures")
+        yield LogPanel(id="log")
+        yield Input(placeholder="search the log; Enter keeps it, Esc clears", id="search")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self._layout_for(self.size.width, self.size.height)
+        self.set_interval(1 / REFRESH_HZ, self.refresh_view)
+        self.refresh_view()
+        if self.follow and self.run_id is not None:
+            self._follow()
+
+    def on_resize(self, event) -> None:
+        self._layout_for(event.size.width, event.size.height)
+
+    def _layout_for(self, width: int, height: int) -> None:
+        self.set_class(width >= WIDE_MIN[0] and height >= WIDE_MIN[1], "wide")
+
+    # ------------------------------------------------------------------ IO (thread worker)
+
+    @work(thread=True, exclusive=True, group="feed", exit_on_error=False)
+    def _follow(self) -> None:
+        worker = get_current_worker()
+        try:
+            follow_run(self.dash.connection, self.model, self.run_id, lambda: worker.is_cancelled,
+                       telemetry=self.dash.telemetry)
+        except Exception as exc:
+            if not worker.is_cancelled:
+                self.app.call_from_thread(self.app.notify, f"lost the run's stream: {exc}", severity="error",
+                                          timeout=10)
+
+    # ------------------------------------------------------------------ drawing (UI thread, ≤ REFRESH_HZ)
+
+    def refresh_view(self) -> None:
+        model = self.model
+        version = model.version
+        if version != self._seen_version:
+            self._seen_version = version
+            view = model.snapshot()
+            self.redraws += 1
+            for panel in (self.query_one(RunHeader), self.query_one(LoadPanel),
+                          self.query_one(ExtractionPanel), self.query_one(GpuPanel), self.query_one(FailurePanel)):
+                panel.show(view)
+            log = self.query_one(LogPanel)
+            log.lanes = view.lanes
+            log.add_lines(model.log_since(log.last_seq, limit=LIVE_LINES_PER_REDRAW),
+                          cap=LIVE_LINES_PER_REDRAW)
+            if view.run and view.run != self.run_id:
+                self.run_id = view.run
+            self.sub_title = f"{view.host} · {view.run}"
+        for alert in model.alerts_since(self._alert_seq):
+            self._alert_seq = alert.seq
+            self.app.notify(alert.message, title=alert.kind, severity=alert.severity, timeout=8)
+            self.app.bell()
+
+    def on_log_panel_filter_changed(self, event: LogPanel.FilterChanged) -> None:
+        log = self.query_one(LogPanel)
+        log.redraw(self.model.log_since(0))
+
+    def on_failure_panel_open(self, event: FailurePanel.Open) -> None:
+        self.app.push_screen(TracebackScreen(event.failure))
+
+    # ------------------------------------------------------------------ keys
+
+    def _refuse_if_read_only(self, what: str) -> bool:
+        if self.dash.read_only:
+            self.app.notify(f"read-only: {what} refused", severity="warning")
+            self.app.bell()
+            return True
+        if self.dash.connection is None or self.run_id is None:
+            self.app.notify(f"no live run to {what}", severity="warning")
+            return True
+        return False
+
+    def action_toggle_max(self, which: str) -> None:
+        widget = self.query_one(f"#{which}")
+        if self.maximized is widget:
+            self.minimize()
+        else:
+            self.maximize(widget, container=False)
+            widget.focus()
+        if isinstance(widget, GpuPanel) and widget.view is not None:
+            widget.show(widget.view)
+
+    def action_search(self) -> None:
+        box = self.query_one("#search", Input)
+        box.add_class("visible")
+        box.focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id == "search":
+            self.query_one(LogPanel).set_search(event.value)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id == "search":
+            event.input.remove_class("visible")
+            self.query_one(LogPanel).focus()
+
+    def action_back(self) -> None:
+        box = self.query_one("#search", Input)
+        if box.has_class("visible") or box.value:
+            box.value = ""
+            box.remove_class("visible")
+            self.query_one(LogPanel).set_search(None)
+            return
+        if self.maximized is not None:
+            self.minimize()
+            return
+        if len(self.app.screen_stack) > 2 and self.dash.connection is not None:
+            self.app.pop_screen()
+
+    def action_help(self) -> None:
+        self.app.push_screen(HelpScreen(HELP_ROWS, self.dash.read_only))
+
+    def action_detach(self) -> None:
+        self.app.exit(("detached", self.run_id))
+
+    def action_stop(self) -> None:
+        if self._refuse_if_read_only("stop"):
+            return
+
+        def answered(yes: Optional[bool]) -> None:
+            if yes:
+                self._stop_job(quit_after=False)
+
+        self.app.push_screen(ConfirmScreen(f"Stop run {self.run_id}? Its whole process group gets SIGTERM, then "
+                                           "SIGKILL after 10 s.", "Stop"), answered)
+
+    def action_stop_quit(self) -> None:
+        if self._refuse_if_read_only("stop and quit"):
+            return
+
+        def answered(yes: Optional[bool]) -> None:
+            if yes:
+                self._stop_job(quit_after=True)
+
+        self.app.push_screen(ConfirmScreen(f"Stop run {self.run_id}, then quit?", "Stop and quit"), answered)
+
+    def action_restart(self) -> None:
+        if self._refuse_if_read_only("restart"):
+            return
+        argv = list(self.model.snapshot().argv)
+
+        def answered(new_argv: Optional[list[str]]) -> None:
+            if new_argv:
+                self._restart_job(None if new_argv == argv else new_argv)
+
+        self.app.push_screen(RestartScreen(self.run_id or "", argv), answered)
+
+    @work(thread=True, group="command", exit_on_error=False)
+    def _stop_job(self, quit_after: bool) -> None:
+        run = self.run_id
+        self.app.call_from_thread(self.app.notify, f"stopping {run}…")
+        try:
+            summary = self.dash.connection.stop(run)
+        except Exception as exc:
+            self.app.call_from_thread(self.app.notify, f"stop failed: {exc}", severity="error", timeout=10)
+            return
+        self.model.set_summary(summary)
+        self.app.call_from_thread(self.app.notify, f"stopped {run}")
+        if quit_after:
+            self.app.call_from_thread(self.app.exit, ("stopped", run))
+
+    @work(thread=True, group="command", exit_on_error=False)
+    def _restart_job(self, argv: Optional[list[str]]) -> None:
+        run = self.run_id
+        self.app.call_from_thread(self.app.notify, f"restarting {run}: stopping, then waiting for GPU memory…")
+        try:
+            result = self.dash.connection.restart(run, argv)
+        except Exception as exc:
+            self.app.call_from_thread(self.app.notify, f"restart failed: {exc}", severity="error", timeout=10)
+            return
+        new = result["new"]
+        self.app.call_from_thread(self.dash.open_run, new, True)

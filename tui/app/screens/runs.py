@@ -1,0 +1,108 @@
+"""The runs of one host, live and finished, newest first. Enter attaches."""
+
+from __future__ import annotations
+
+import shlex
+import time
+from typing import TYPE_CHECKING, Any
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Static
+from textual.worker import get_current_worker
+
+if TYPE_CHECKING:
+    from eaglewatch.tui.app.app import DashboardApp
+
+REFRESH_S = 2.0
+
+
+def result_of(summary: dict[str, Any]) -> str:
+    state = summary.get("state")
+    info = summary.get("exit") or {}
+    if state == "exited":
+        if info.get("signal"):
+            return f"killed ({info.get('signal_name') or info['signal']})"
+        return "ok" if info.get("code") == 0 else f"exit {info.get('code')}"
+    return ""
+
+
+class RunsScreen(Screen):
+    BINDINGS = [
+        Binding("enter", "attach", "attach", show=True, priority=False),
+        Binding("question_mark", "help", "help"),
+        Binding("q", "quit_app", "quit"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runs: list[dict[str, Any]] = []
+
+    @property
+    def dash(self) -> "DashboardApp":
+        return self.app  # type: ignore[return-value]
+
+    def compose(self) -> ComposeResult:
+        yield Static(f" runs on {self.dash.host} · Enter attaches · q quits", id="runs-title")
+        table: DataTable = DataTable(id="runs", cursor_type="row", zebra_stripes=True)
+        table.add_columns("run", "state", "result", "started", "name", "command")
+        yield table
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one(DataTable).focus()
+        self._poll()
+
+    @work(thread=True, exclusive=True, group="runs", exit_on_error=False)
+    def _poll(self) -> None:
+        worker = get_current_worker()
+        while not worker.is_cancelled:
+            try:
+                runs = self.dash.connection.runs()
+            except Exception as exc:
+                self.app.call_from_thread(self.app.notify, f"cannot list runs: {exc}", severity="error")
+                runs = None
+            if runs is not None and not worker.is_cancelled:
+                self.app.call_from_thread(self.show_runs, runs)
+            deadline = time.monotonic() + REFRESH_S
+            while time.monotonic() < deadline and not worker.is_cancelled:
+                time.sleep(0.05)
+
+    def show_runs(self, runs: list[dict[str, Any]]) -> None:
+        table = self.query_one(DataTable)
+        if [(r["run"], r.get("state"), r.get("exit")) for r in runs] == [
+                (r["run"], r.get("state"), r.get("exit")) for r in self.runs]:
+            return
+        cursor = table.cursor_row
+        selected = self.runs[cursor]["run"] if 0 <= cursor < len(self.runs) else None
+        self.runs = runs
+        table.clear()
+        for summary in runs:
+            started = time.strftime("%m-%d %H:%M", time.localtime(summary.get("started_at") or 0))
+            result = result_of(summary) + (" (restart)" if summary.get("restart_of") else "")
+            table.add_row(summary["run"], summary.get("state") or "", result, started, summary.get("name") or "",
+                          shlex.join(summary.get("argv") or [])[:80], key=summary["run"])
+        if selected is not None:
+            for i, summary in enumerate(runs):
+                if summary["run"] == selected:
+                    table.move_cursor(row=i)
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        self.action_attach()
+
+    def action_attach(self) -> None:
+        table = self.query_one(DataTable)
+        if 0 <= table.cursor_row < len(self.runs):
+            self.dash.open_run(self.runs[table.cursor_row], False)
+
+    def action_help(self) -> None:
+        from eaglewatch.tui.app.screens.dialogs import HelpScreen
+
+        self.app.push_screen(HelpScreen([("↑/↓", "choose a run"), ("Enter", "attach to it"),
+                                         ("Esc", "(on a run) back to this list"), ("q", "quit")],
+                                        self.dash.read_only))
+
+    def action_quit_app(self) -> None:
+        self.app.exit(("quit", None))

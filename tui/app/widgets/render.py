@@ -1,0 +1,238 @@
+"""RunView -> Rich Text for each panel. Pure functions of the view and the width: no IO, no state."""
+
+from __future__ import annotations
+
+import zlib
+from typing import Optional
+
+from rich.text import Text
+
+from eaglewatch.tui.runstate import GpuView, LogLine, RunView
+from eaglewatch.tui.runstate.fmt import bar, fmt_bytes, fmt_count, fmt_duration, fmt_gb, fmt_rate, sparkline
+
+PHASE_STYLES = {
+    "validating": "bold cyan",
+    "loading": "bold yellow",
+    "extracting": "bold green",
+    "done": "bold green",
+    "failed": "bold white on red",
+    "stalled": "bold black on yellow",
+    "lost": "bold white on red",
+}
+LEVEL_STYLES = {"WARNING": "yellow", "ERROR": "bold red", "CRITICAL": "bold white on red", "DEBUG": "dim"}
+_LANE_COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "bright_cyan", "bright_magenta", "bright_green",
+                 "bright_blue", "bright_yellow")
+
+
+def lane_style(lane: str) -> str:
+    if lane == "main":
+        return "bright_white"
+    if lane == "eaglewatch":
+        return "bold bright_white"
+    return _LANE_COLOURS[zlib.crc32(lane.encode()) % len(_LANE_COLOURS)]
+
+
+def _clip(text: str, width: int) -> str:
+    if width <= 1:
+        return text[:max(width, 0)]
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def header_text(view: RunView, width: int) -> Text:
+    first = Text(no_wrap=True, overflow="ellipsis")
+    first.append(f" {view.host} ", "bold reverse")
+    first.append(" ")
+    first.append(f" {view.phase.upper()} ", PHASE_STYLES.get(view.phase, "bold"))
+    for mark in view.marks:
+        if mark != view.phase:
+            first.append(" ")
+            first.append(f"⚑ {mark}", "bold red" if mark == "failed" else "bold yellow")
+    if view.exit_text:
+        first.append("  ")
+        first.append(view.exit_text, "bold red" if view.exit_code else "bold green")
+    if view.uptime_s is not None:
+        first.append(f"  up {fmt_duration(view.uptime_s)}")
+    if view.link and view.link != "connected":
+        first.append(f"  link {view.link}", "bold yellow")
+    first.append("  ")
+    first.append(view.run or "(no run)", "bold")
+    if view.name:
+        first.append(f" ({view.name})", "dim")
+    if view.phase_detail and view.phase not in ("failed", "stalled"):
+        first.append(f"  {view.phase_detail}", "dim")
+    first.truncate(width, overflow="ellipsis")
+    second = Text(_clip("$ " + view.command, width) if view.command else "", "dim", no_wrap=True)
+    return Text("\n", no_wrap=True).join([first, second])
+
+
+def load_text(view: RunView, width: int) -> Text:
+    text = Text(no_wrap=True, overflow="ellipsis")
+    if not view.load:
+        waiting = view.phase in ("starting", "validating", "loading")
+        text.append("waiting for the loader…" if waiting else "no loading bars", "dim")
+        return text
+    lane_w = min(16, max(len(b.lane) for b in view.load))
+    for i, item in enumerate(view.load):
+        if i:
+            text.append("\n")
+        count = f"{fmt_count(item.n)}/{fmt_count(item.total)}" if item.total is not None else fmt_count(item.n)
+        state = "done" if item.done else f"eta {fmt_duration(item.eta_s)}" if item.eta_s is not None else ""
+        tail = f" {count:>7} {fmt_rate(item.per_second, item.unit):>11} {state:>8}"
+        if width < lane_w + len(tail) + 8:
+            tail = f" {count:>7} {state:>8}"
+        bar_w = max(4, min(30, width - lane_w - len(tail) - 2))
+        fraction = item.n / item.total if item.total else None
+        text.append(_clip(item.lane, lane_w).ljust(lane_w), lane_style(item.lane))
+        text.append(" ")
+        text.append(bar(fraction, bar_w), "green" if item.done else "yellow")
+        text.append(tail)
+        if width >= lane_w + bar_w + len(tail) + 12:
+            text.append(f"  {item.desc}", "dim")
+    return text
+
+
+def extraction_text(view: RunView, width: int) -> Text:
+    ex = view.extraction
+    text = Text(no_wrap=True, overflow="ellipsis")
+    fraction = ex.done / ex.total if ex.done is not None and ex.total else None
+    count = f"{fmt_count(ex.done)}/{fmt_count(ex.total)}" if ex.total else fmt_count(ex.done)
+    text.append("samples ", "dim")
+    text.append(count, "bold")
+    text.append(" ")
+    text.append(bar(fraction, max(4, min(30, width - 24))), "green")
+    if fraction is not None:
+        text.append(f" {100 * fraction:3.0f}%")
+    text.append("\n")
+    text.append("tokens/s ", "dim")
+    text.append(f"{ex.tokens_per_s:,.0f}" if ex.tokens_per_s is not None else "?")
+    text.append("  written ", "dim")
+    text.append(fmt_gb(ex.bytes) if ex.bytes >= 1e8 else fmt_bytes(ex.bytes))
+    text.append("  eta ", "dim")
+    text.append("done" if view.phase == "done" else fmt_duration(ex.eta_s))
+    text.append("\n")
+    text.append("disk free ", "dim")
+    if ex.disk_free is not None:
+        text.append(fmt_gb(ex.disk_free), "bold red" if "low disk" in view.marks else "")
+        if ex.disk_total:
+            text.append(f" of {fmt_gb(ex.disk_total)}", "dim")
+        if ex.disk_full_in_s:
+            text.append(f"  full in {fmt_duration(ex.disk_full_in_s)}", "yellow")
+    else:
+        text.append("n/a", "dim")
+    return text
+
+
+def _gpu_lines(gpu: GpuView, width: int, wide: bool) -> Text:
+    text = Text(no_wrap=True, overflow="ellipsis")
+    if gpu.error:
+        text.append(f"GPU{gpu.index} ", "bold")
+        text.append(gpu.error, "bold red")
+        return text
+    used, total = gpu.mem_used, gpu.mem_total
+    fraction = used / total if used is not None and total else None
+    figures = f" {fmt_gb(used).replace(' GB', '')}/{fmt_gb(total)}"
+    util = f" {gpu.util:3.0f}%" if gpu.util is not None else "   ?%"
+    temp = f" {gpu.temp_c:.0f}°C" if gpu.temp_c is not None else " ?°C"
+    power = f" {gpu.power_w:.0f}W" if gpu.power_w is not None else " ?W"
+    spark_w = 12 if wide else 8
+    fixed = 5 + len(figures) + len(util) + len(temp) + len(power) + spark_w + 2
+    bar_w = max(4, min(24, width - fixed))
+    text.append(f"GPU{gpu.index} ", "bold")
+    colour = "red" if fraction is not None and fraction > 0.95 else "cyan"
+    text.append(bar(fraction, bar_w), colour)
+    text.append(figures)
+    text.append(util, "bold")
+    text.append(temp)
+    text.append(power)
+    text.append(" ")
+    text.append(sparkline(gpu.util_history, spark_w, 100.0), "green")
+    job = [proc for proc in gpu.processes if proc.in_job or proc.rank]
+    others = [proc for proc in gpu.processes if not (proc.in_job or proc.rank)]
+    if not wide:
+        return text
+    if gpu.throttle:
+        text.append(f"\n     throttle: {gpu.throttle}", "yellow")
+    if job or others:
+        parts = [f"{proc.rank or proc.pid} {fmt_gb(proc.used_mem)}" for proc in job]
+        if others:
+            other_mem = sum(proc.used_mem or 0 for proc in others)
+            parts.append(f"{len(others)} other {fmt_gb(other_mem)}")
+        text.append("\n     " + _clip(" · ".join(parts), max(10, width - 5)), "dim")
+    return text
+
+
+def gpu_text(view: RunView, width: int, wide: bool = False) -> Text:
+    if not view.gpus:
+        text = Text(no_wrap=True, overflow="ellipsis")
+        text.append("no GPU telemetry" if view.gpu_note is None else _clip(view.gpu_note, width), "dim")
+        host = view.host_info
+        if host.cpu_percent is not None or host.ram_total:
+            text.append("\n")
+            text.append(host_line(view))
+        return text
+    text = Text(no_wrap=True, overflow="ellipsis")
+    for i, gpu in enumerate(view.gpus):
+        if i:
+            text.append("\n")
+        text.append_text(_gpu_lines(gpu, width, wide))
+    return text
+
+
+def host_line(view: RunView) -> str:
+    host = view.host_info
+    parts = []
+    if host.cpu_percent is not None:
+        parts.append(f"cpu {host.cpu_percent:.0f}%" + (f" of {host.cpu_count}" if host.cpu_count else ""))
+    if host.ram_total:
+        parts.append(f"ram {fmt_gb(host.ram_used)}/{fmt_gb(host.ram_total)}")
+    if host.load1 is not None:
+        parts.append(f"load {host.load1:.2f}")
+    return "host " + "  ".join(parts) if parts else ""
+
+
+def failure_label(failure, width: int) -> Text:
+    text = Text(no_wrap=False)
+    tag = "" if failure.tier == "original" else f"[{failure.tier}] "
+    text.append(f"{failure.position}. ", "bold")
+    if tag:
+        text.append(tag, "dim")
+    text.append(failure.summary, "bold red" if failure.position == 1 else "red")
+    text.append(f"\n   {failure.lanes}", "cyan")
+    if failure.count > 1:
+        text.append(f" · printed {failure.count}×", "dim")
+    if failure.hint_title:
+        text.append("\n   hint: ", "yellow")
+        text.append(failure.hint_title, "yellow")
+    return text
+
+
+def traceback_text(failure) -> Text:
+    text = Text()
+    text.append(failure.summary + "\n", "bold red")
+    text.append(f"lanes: {failure.lanes}   ({failure.tier})\n", "cyan")
+    if failure.context:
+        text.append(f"logged as: {failure.context}\n", "dim")
+    if failure.location:
+        text.append(f"at {failure.location}\n")
+        if failure.source_line:
+            text.append(f"    {failure.source_line}\n", "bold")
+    if failure.hint_title:
+        text.append(f"\nhint: {failure.hint_title}\n", "bold yellow")
+        text.append((failure.hint_text or "") + "\n", "yellow")
+    text.append("\n")
+    text.append(failure.traceback)
+    return text
+
+
+def log_line_text(line: LogLine, lane_w: int = 12, search: Optional[str] = None) -> Text:
+    text = Text(no_wrap=True)
+    text.append(_clip(line.lane, lane_w).ljust(lane_w), lane_style(line.lane))
+    text.append(" ")
+    style = LEVEL_STYLES.get(line.level or "", "")
+    if line.level and line.level != "INFO":
+        text.append(line.level[0] + " ", style)
+    body = Text(line.text, style=style)
+    if search:
+        body.highlight_words([search], "bold black on yellow", case_sensitive=False)
+    text.append_text(body)
+    return text

@@ -1,0 +1,83 @@
+"""Short human forms of sizes, durations, rates, bars and sparklines. Plain text, no Textual."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+_SPARKS = " ▁▂▃▄▅▆▇█"
+_BLOCKS = " ▏▎▍▌▋▊▉█"
+
+
+def fmt_bytes(value: Optional[float]) -> str:
+    if value is None:
+        return "n/a"
+    value = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
+def fmt_gb(value: Optional[float]) -> str:
+    """Decimal gigabytes, as disk and GPU vendors print them."""
+    return "n/a" if value is None else f"{value / 1e9:.1f} GB"
+
+
+def fmt_duration(seconds: Optional[float]) -> str:
+    if seconds is None:
+        return "?"
+    seconds = int(round(max(0.0, seconds)))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+def fmt_count(value: Optional[float]) -> str:
+    if value is None:
+        return "?"
+    if float(value).is_integer():
+        return str(int(value))
+    return f"{value:.4g}"
+
+
+def fmt_rate(per_second: Optional[float], unit: str = "it") -> str:
+    if per_second is None:
+        return "?"
+    if per_second >= 1000:
+        return f"{per_second / 1000:.1f}k {unit}/s"
+    if per_second >= 1 or per_second == 0:
+        return f"{per_second:.1f} {unit}/s"
+    return f"{1 / per_second:.1f} s/{unit}"
+
+
+def bar(fraction: Optional[float], width: int) -> str:
+    """A bar of ``width`` cells with eighth-cell resolution; blank for an unknown fraction."""
+    if width <= 0:
+        return ""
+    if fraction is None:
+        return "·" * width
+    fraction = min(1.0, max(0.0, fraction))
+    eighths = int(round(fraction * width * 8))
+    full, part = divmod(eighths, 8)
+    text = "█" * full + (_BLOCKS[part] if part and full < width else "")
+    return text.ljust(width)
+
+
+def sparkline(values: Sequence[float], width: int, top: float = 1.0) -> str:
+    """The last ``width`` values as block characters, scaled to ``top``."""
+    if width <= 0:
+        return ""
+    values = list(values)[-width:]
+    out = []
+    for value in values:
+        level = 0 if top <= 0 else int(round(min(1.0, max(0.0, value / top)) * (len(_SPARKS) - 1)))
+        out.append(_SPARKS[level])
+    return "".join(out).rjust(width)

@@ -1,0 +1,523 @@
+"""RunModel: everything known about one run, folded from what the connection delivers. Plain Python.
+
+Feeding (one thread, the dashboard's IO worker): :meth:`RunModel.feed_items` takes a batch of the connection's
+items (log chunks, events, telemetry, job and link states) and dispatches by type name, so that this module
+imports nothing of the connection; the ``feed_*`` methods take the parts directly (tests, benchmarks).
+Reading (another thread, the UI): :meth:`snapshot`, :meth:`log_since`, :meth:`alerts_since`, and
+:attr:`version`, which moves whenever something visible changed, so the UI redraws only then.
+"""
+
+from __future__ import annotations
+
+import shlex
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from itertools import islice
+from typing import Any, Callable, Iterable, Optional
+
+from eaglewatch import protocol as p
+from eaglewatch.tui.decode import BarUpdate, Decoder, FailureGroup, LineEvent
+from eaglewatch.tui.runstate.view import (
+    ALERT_DISK,
+    ALERT_EXIT,
+    ALERT_FAILURE,
+    ALERT_STALL,
+    MARK_FAILED,
+    MARK_LOW_DISK,
+    MARK_STALLED,
+    Alert,
+    Extraction,
+    FailureView,
+    GpuProcess,
+    GpuView,
+    HostView,
+    LoadBar,
+    LogLine,
+    RunView,
+)
+
+_TIERS = {0: "original", 1: "secondary", 2: "re-raised", 3: "final report"}
+_EXTRACT_BAR = "Extracting"
+_BAR_NOTE_EVERY_S = 10.0
+_MAX_ALERTS = 200
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    stall_after_s: float = 300.0  # no progress for this long while loading or extracting: stalled
+    low_disk_bytes: int = 2 * 1024**3  # less free space than this on the output disk: low disk
+    full_in_s: float = 1800.0  # ... or the output disk fills up within this many seconds
+    log_tail: int = 5000  # decoded log lines kept in memory
+    gpu_history: int = 60  # telemetry samples kept per GPU for the sparklines
+
+
+def _int(value: Any) -> Optional[int]:
+    try:
+        return None if value is None else int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _float(value: Any) -> Optional[float]:
+    try:
+        return None if value is None else float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def exit_text(exit_info: Optional[dict[str, Any]]) -> tuple[Optional[str], Optional[int]]:
+    """("exit code 1", 1), ("killed by SIGTERM", 143), or (None, None) while it runs."""
+    if not exit_info:
+        return None, None
+    if exit_info.get("signal"):
+        signal = int(exit_info["signal"])
+        return f"killed by {exit_info.get('signal_name') or signal}", 128 + signal
+    if exit_info.get("error"):
+        return f"did not start: {exit_info['error']}", _int(exit_info.get("code")) or 127
+    code = _int(exit_info.get("code"))
+    return (f"exit code {code}", code) if code is not None else ("ended", None)
+
+
+def failure_view(group: FailureGroup, position: int) -> FailureView:
+    first = group.first
+    inner = group.innermost
+    hint = group.hint
+    return FailureView(
+        position=position,
+        summary=group.summary,
+        lanes=group.lanes_label(),
+        tier=_TIERS.get(group.tier, str(group.tier)),
+        count=group.count,
+        location=inner.location() if inner is not None else None,
+        source_line=inner.source if inner is not None else None,
+        context=first.context,
+        hint_title=hint.title if hint is not None else None,
+        hint_text=hint.text if hint is not None else None,
+        traceback=first.text or group.summary,
+    )
+
+
+class RunModel:
+    def __init__(
+        self,
+        host: str,
+        summary: Optional[dict[str, Any]] = None,
+        thresholds: Thresholds = Thresholds(),
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.host = host
+        self.thresholds = thresholds
+        self.clock = clock
+        self.wall = wall
+        self.lock = threading.RLock()
+        self.decoder = Decoder(clock=clock)
+        self.version = 0
+        self._summary: dict[str, Any] = {}
+        self._job_state: Optional[str] = None
+        self._exit: Optional[dict[str, Any]] = None
+        self._link = ""
+        self._phase: Optional[str] = None
+        self._phase_detail = ""
+        self._phases: list[str] = []
+        self._info: dict[str, Any] = {}
+        self._progress: dict[str, Any] = {}
+        self._error_event: Optional[dict[str, Any]] = None
+        self._warning_events = 0
+        self._last_progress_at = clock()
+        self._bar_notes: dict[tuple[str, str], tuple[float, bool]] = {}
+        self._tail: deque[LogLine] = deque(maxlen=thresholds.log_tail)
+        self._seq = 0
+        self._gpus: dict[int, dict[str, Any]] = {}
+        self._gpu_mem: dict[int, deque[float]] = {}
+        self._gpu_util: dict[int, deque[float]] = {}
+        self._gpu_note: Optional[str] = None
+        self._host: dict[str, Any] = {}
+        self._disk: dict[str, Any] = {}
+        self._alerts: deque[Alert] = deque(maxlen=_MAX_ALERTS)
+        self._alert_seq = 0
+        self._alerted_roots: set[tuple[object, ...]] = set()
+        self._stalled = False
+        self._low_disk = False
+        self._exit_alerted = False
+        self._failures_cache: tuple[int, tuple[FailureView, ...]] = (-1, ())
+        self._root_key: Optional[tuple[object, ...]] = None
+        if summary:
+            self.set_summary(summary)
+
+    # ------------------------------------------------------------------ feeding (IO worker thread)
+
+    def set_summary(self, summary: dict[str, Any]) -> None:
+        """The agent's summary of the run (status, launch, or a job message's)."""
+        with self.lock:
+            self._summary.update({k: v for k, v in summary.items() if v is not None})
+            state = summary.get("state")
+            if state:
+                self._job_state = state
+            if summary.get("exit"):
+                self._exit = summary["exit"]
+            self._changed()
+
+    def feed_items(self, items: Iterable[Any]) -> None:
+        """One batch from a RunWatch or the connection's host queue."""
+        with self.lock:
+            for item in items:
+                kind = type(item).__name__
+                if kind == "LogChunk":
+                    self.feed_log(item.data)
+                elif kind == "Event":
+                    if item.event is not None:
+                        self.feed_event(item.event)
+                elif kind == "Telemetry":
+                    self.feed_telemetry(item.sample)
+                elif kind == "JobState":
+                    self.feed_job(item.state, item.exit, item.summary)
+                elif kind == "LinkState":
+                    self.feed_link(item.state, item.detail)
+                elif kind == "Notice":
+                    self._add_log_line("eaglewatch", None, item.message)
+            self._check()
+
+    def feed_log(self, data: bytes) -> None:
+        with self.lock:
+            self._take(self.decoder.feed(data))
+            self._check()
+
+    def finish_log(self) -> None:
+        """The log is complete (the job ended and every byte arrived): close the last line and tracebacks."""
+        with self.lock:
+            self._take(self.decoder.finish())
+            self._check()
+
+    def _take(self, events: list[Any]) -> None:
+        if not events:
+            return
+        moved = False
+        for event in events:
+            kind = type(event)
+            if kind is LineEvent:
+                self._add_log_line(event.lane, event.level, event.text)
+            elif kind is BarUpdate:
+                moved = True
+                self._bar_note(event)
+        if moved:
+            progress = self.decoder.state.last_progress_at
+            if progress:
+                self._last_progress_at = max(self._last_progress_at, max(progress.values()))
+        self._changed()
+
+    def _add_log_line(self, lane: str, level: Optional[str], text: str) -> None:
+        self._seq += 1
+        self._tail.append(LogLine(self._seq, lane, level, text))
+
+    def _bar_note(self, bar: BarUpdate) -> None:
+        """A bar's rewrites collapse into a line when it first shows, every 10 s, and when it ends."""
+        key = (bar.lane, bar.desc)
+        now = self.clock()
+        last = self._bar_notes.get(key)
+        done = bar.done
+        if last is not None:
+            noted_at, was_done = last
+            if (done and was_done) or (not done and now - noted_at < _BAR_NOTE_EVERY_S):
+                return
+        self._bar_notes[key] = (now, done)
+        total = f"/{bar.total:g}" if bar.total is not None else ""
+        pct = f" {bar.percent}%" if bar.percent is not None else ""
+        self._add_log_line(bar.lane, None, f"{bar.desc or 'progress'}:{pct} {bar.n:g}{total} {bar.unit}".rstrip())
+
+    def feed_event(self, event: dict[str, Any]) -> None:
+        with self.lock:
+            kind = event.get("kind")
+            if kind == p.EVENT_PHASE:
+                self._phase = str(event.get("phase") or "")
+                if not self._phases or self._phases[-1] != self._phase:
+                    self._phases.append(self._phase)
+                self._phase_detail = str(event.get("detail") or "")
+                self._last_progress_at = self.clock()
+            elif kind == p.EVENT_PROGRESS:
+                self._progress = event
+                self._last_progress_at = self.clock()
+            elif kind == p.EVENT_SAMPLE:
+                self._last_progress_at = self.clock()
+                return  # progress events carry the totals; no redraw per sample
+            elif kind == p.EVENT_INFO:
+                self._info.update(event)
+            elif kind == p.EVENT_ERROR:
+                self._error_event = event
+            elif kind == p.EVENT_WARNING:
+                self._warning_events += 1
+            self._changed()
+            self._check()
+
+    def feed_telemetry(self, sample: dict[str, Any]) -> None:
+        with self.lock:
+            self._gpu_note = sample.get("nvml")
+            history = self.thresholds.gpu_history
+            for gpu in sample.get("gpus") or []:
+                index = _int(gpu.get("index"))
+                if index is None:
+                    continue
+                self._gpus[index] = gpu
+                used, total = _float(gpu.get("mem_used")), _float(gpu.get("mem_total"))
+                mem = self._gpu_mem.setdefault(index, deque(maxlen=history))
+                util = self._gpu_util.setdefault(index, deque(maxlen=history))
+                mem.append(used / total if used is not None and total else 0.0)
+                util.append(_float(gpu.get("util_gpu")) or 0.0)
+            host = sample.get("host") or {}
+            self._host = host
+            if host.get("disk"):
+                self._disk = dict(host["disk"])
+            self._changed()
+            self._check()
+
+    def feed_disk(self, free: int, total: int) -> None:
+        """Free space of the output disk, measured by the caller (for a local run, where telemetry has none)."""
+        with self.lock:
+            if not self._disk.get("free") or self._disk.get("source") == "local":
+                self._disk = {"free": free, "total": total, "source": "local"}
+                self._changed()
+
+    def feed_job(self, state: str, exit_info: Optional[dict[str, Any]], summary: dict[str, Any]) -> None:
+        with self.lock:
+            if summary:
+                self._summary.update({k: v for k, v in summary.items() if v is not None})
+            self._job_state = state
+            if exit_info:
+                self._exit = exit_info
+            if state in (p.JOB_EXITED, p.JOB_LOST):
+                self._take(self.decoder.finish())
+            self._changed()
+            self._check()
+
+    def feed_link(self, state: str, detail: str = "") -> None:
+        with self.lock:
+            self._link = state
+            if state not in ("connected", "closed"):
+                self._add_log_line("eaglewatch", "WARNING", f"link {state}" + (f": {detail}" if detail else ""))
+            self._changed()
+
+    def tick(self) -> None:
+        """Now and then (a few times a second): finish tracebacks of lanes that went quiet, check for stalls."""
+        with self.lock:
+            self._take(self.decoder.flush_idle())
+            self._check()
+
+    def _changed(self) -> None:
+        self.version += 1
+
+    # ------------------------------------------------------------------ derived state and alerts
+
+    def _alert(self, kind: str, severity: str, message: str) -> None:
+        self._alert_seq += 1
+        self._alerts.append(Alert(self._alert_seq, kind, severity, message))
+        self._changed()
+
+    def _running(self) -> bool:
+        return self._job_state in (None, p.JOB_STARTING, p.JOB_RUNNING)
+
+    def _is_stalled(self) -> bool:
+        if not self._running() or self._phase not in (p.PHASE_LOADING, p.PHASE_EXTRACTING, p.PHASE_VALIDATING):
+            return False
+        return self.clock() - self._last_progress_at >= self.thresholds.stall_after_s
+
+    def _is_low_disk(self) -> bool:
+        free = _int(self._disk.get("free"))
+        if free is None or not self._running():
+            return False
+        if free < self.thresholds.low_disk_bytes:
+            return True
+        full_in = _float(self._disk.get("full_in_s"))
+        return full_in is not None and 0 < full_in < self.thresholds.full_in_s
+
+    def _check(self) -> None:
+        root = self.decoder.state.root_cause()
+        if root is not None and root.key not in self._alerted_roots:
+            self._alerted_roots.add(root.key)
+            self._alert(ALERT_FAILURE, "error", f"failure in {root.lanes_label()}: {root.summary}")
+        elif root is None and self._error_event is not None and not self._alerted_roots:
+            self._alerted_roots.add(("event",))
+            event = self._error_event
+            self._alert(ALERT_FAILURE, "error", f"{event.get('exc_type')}: {event.get('message')}")
+        stalled = self._is_stalled()
+        if stalled and not self._stalled:
+            minutes = self.thresholds.stall_after_s / 60
+            self._alert(ALERT_STALL, "warning", f"no progress for {minutes:g} min while {self._phase}")
+        if stalled != self._stalled:
+            self._stalled = stalled
+            self._changed()
+        low = self._is_low_disk()
+        if low and not self._low_disk:
+            free = _int(self._disk.get("free")) or 0
+            self._alert(ALERT_DISK, "warning", f"low disk space: {free / 1024**3:.1f} GiB free on the output disk")
+        if low != self._low_disk:
+            self._low_disk = low
+            self._changed()
+        if self._job_state in (p.JOB_EXITED, p.JOB_LOST) and not self._exit_alerted:
+            self._exit_alerted = True
+            text, code = exit_text(self._exit)
+            if self._job_state == p.JOB_LOST:
+                self._alert(ALERT_EXIT, "error", "the run was lost: no exit status, no process left")
+            elif code:
+                self._alert(ALERT_EXIT, "error", f"the run ended: {text}")
+
+    # ------------------------------------------------------------------ reading (UI thread)
+
+    def alerts_since(self, seq: int) -> list[Alert]:
+        with self.lock:
+            return [alert for alert in self._alerts if alert.seq > seq]
+
+    def log_since(self, seq: int, limit: Optional[int] = None) -> list[LogLine]:
+        """Lines after ``seq`` still in the tail (at most the last ``limit``)."""
+        with self.lock:
+            count = len(self._tail)
+            first = self._seq - count + 1
+            start = max(seq + 1, first, self._seq - limit + 1 if limit else first)
+            return list(islice(self._tail, start - first, None))
+
+    def _failures(self) -> tuple[FailureView, ...]:
+        state = self.decoder.state
+        if self._failures_cache[0] == state.version:
+            return self._failures_cache[1]
+        groups = state.failures_ranked()
+        views = tuple(failure_view(group, i + 1) for i, group in enumerate(groups))
+        self._failures_cache = (state.version, views)
+        return views
+
+    def _phase_now(self) -> str:
+        phase = self._phase
+        if self._job_state == p.JOB_LOST:
+            return "lost"
+        if self._job_state == p.JOB_EXITED:
+            _, code = exit_text(self._exit)
+            if code:
+                return p.PHASE_FAILED
+            return phase or "exited"
+        if self._stalled:
+            return "stalled"
+        if phase:
+            return phase
+        return "starting" if self._job_state in (None, p.JOB_STARTING) else "running"
+
+    def _load_bars(self) -> tuple[LoadBar, ...]:
+        bars = []
+        for bar in self.decoder.state.bars_list():
+            last = bar.last
+            if last.desc.startswith(_EXTRACT_BAR):
+                continue
+            bars.append(LoadBar(bar.lane, last.desc, last.n, last.total, last.per_second, last.unit,
+                                last.eta_s, last.done))
+        return tuple(bars)
+
+    def _extraction(self) -> Extraction:
+        info, prog, disk = self._info, self._progress, self._disk
+        total = _int(prog.get("total")) or _int(info.get("samples"))
+        done = _int(prog.get("done"))
+        if done is None:
+            for bar in self.decoder.state.bars_list():
+                if bar.last.desc.startswith(_EXTRACT_BAR):
+                    done = int(bar.last.n)
+                    total = total or _int(bar.last.total)
+        if done is None and info:
+            done = _int(info.get("resumed_samples"))
+        return Extraction(
+            done=done,
+            total=total,
+            tokens=_int(prog.get("tokens")) or 0,
+            tokens_total=_int(info.get("tokens")),
+            bytes=_int(prog.get("bytes")) or 0,
+            tokens_per_s=_float(prog.get("tokens_per_s")),
+            samples_per_s=_float(prog.get("samples_per_s")),
+            eta_s=_float(prog.get("eta_s")) if self._phase == p.PHASE_EXTRACTING else None,
+            disk_free=_int(disk.get("free")),
+            disk_total=_int(disk.get("total")),
+            disk_full_in_s=_float(disk.get("full_in_s")),
+            resumed=_int(info.get("resumed_samples")) or 0,
+        )
+
+    def _gpu_views(self) -> tuple[GpuView, ...]:
+        views = []
+        for index in sorted(self._gpus):
+            gpu = self._gpus[index]
+            procs = tuple(
+                GpuProcess(_int(proc.get("pid")) or 0, _int(proc.get("used_mem")), proc.get("rank"),
+                           bool(proc.get("in_job")))
+                for proc in gpu.get("processes") or []
+            )
+            views.append(GpuView(
+                index=index,
+                name=str(gpu.get("name") or f"GPU {index}"),
+                mem_used=_int(gpu.get("mem_used")),
+                mem_total=_int(gpu.get("mem_total")),
+                util=_float(gpu.get("util_gpu")),
+                temp_c=_float(gpu.get("temp_c")),
+                power_w=_float(gpu.get("power_w")),
+                power_limit_w=_float(gpu.get("power_limit_w")),
+                throttle=gpu.get("throttle"),
+                error=gpu.get("error"),
+                mem_history=tuple(self._gpu_mem.get(index, ())),
+                util_history=tuple(self._gpu_util.get(index, ())),
+                processes=procs,
+            ))
+        return tuple(views)
+
+    def _failures_with_event(self) -> tuple[FailureView, ...]:
+        views = self._failures()
+        if views or self._error_event is None:
+            return views
+        event = self._error_event
+        text = str(event.get("traceback") or "")
+        return (FailureView(1, f"{event.get('exc_type')}: {event.get('message')}", "main", "original", 1,
+                            None, None, "the pipeline's error event", None, None, text or str(event.get("message"))),)
+
+    def snapshot(self) -> RunView:
+        with self.lock:
+            summary = self._summary
+            argv = tuple(summary.get("argv") or ())
+            started = _float(summary.get("started_at"))
+            ended = _float((self._exit or {}).get("ended_at"))
+            uptime = None
+            if started is not None:
+                uptime = max(0.0, (ended if ended is not None else self.wall()) - started)
+            text, code = exit_text(self._exit)
+            marks = []
+            failures = self._failures_with_event()
+            if failures or code:
+                marks.append(MARK_FAILED)
+            if self._stalled:
+                marks.append(MARK_STALLED)
+            if self._low_disk:
+                marks.append(MARK_LOW_DISK)
+            host = self._host
+            state = self.decoder.state
+            return RunView(
+                host=self.host,
+                run=summary.get("run"),
+                name=summary.get("name"),
+                command=shlex.join(argv) if argv else "",
+                phase=self._phase_now(),
+                phase_detail=self._phase_detail,
+                job_state=self._job_state,
+                exit_text=text,
+                exit_code=code,
+                uptime_s=uptime,
+                marks=tuple(marks),
+                link=self._link,
+                load=self._load_bars(),
+                extraction=self._extraction(),
+                gpus=self._gpu_views(),
+                gpu_note=self._gpu_note,
+                host_info=HostView(_float(host.get("cpu_percent")), _int(host.get("cpu_count")),
+                                   _int(host.get("ram_used")), _int(host.get("ram_total")),
+                                   _float(host.get("load1"))),
+                failures=failures,
+                warnings=len(state.warnings_ranked()) + self._warning_events,
+                lanes=tuple(lane.name for lane in state.lanes_list()),
+                lines=state.lines,
+                log_bytes=state.bytes,
+                log_last_seq=self._seq,
+                restart_of=summary.get("restart_of"),
+                argv=argv,
+                phases_seen=tuple(self._phases),
+            )

@@ -1,0 +1,142 @@
+"""The dashboard's view of one run: immutable plain dataclasses, built by RunModel.snapshot()."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+# Marks a run can carry (shown in the header and the runs list).
+MARK_FAILED = "failed"
+MARK_STALLED = "stalled"
+MARK_LOW_DISK = "low disk"
+
+# Alert kinds.
+ALERT_FAILURE = "failure"
+ALERT_STALL = "stall"
+ALERT_DISK = "disk"
+ALERT_EXIT = "exit"
+
+
+@dataclass(frozen=True)
+class LoadBar:
+    """One progress bar of the loading phase (a shard loader, a weight loader), per lane."""
+
+    lane: str
+    desc: str
+    n: float
+    total: Optional[float]
+    per_second: Optional[float]
+    unit: str
+    eta_s: Optional[float]
+    done: bool
+
+
+@dataclass(frozen=True)
+class Extraction:
+    done: Optional[int] = None
+    total: Optional[int] = None
+    tokens: int = 0
+    tokens_total: Optional[int] = None
+    bytes: int = 0
+    tokens_per_s: Optional[float] = None
+    samples_per_s: Optional[float] = None
+    eta_s: Optional[float] = None
+    disk_free: Optional[int] = None
+    disk_total: Optional[int] = None
+    disk_full_in_s: Optional[float] = None
+    resumed: int = 0
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    used_mem: Optional[int]
+    rank: Optional[str]
+    in_job: bool
+
+
+@dataclass(frozen=True)
+class GpuView:
+    index: int
+    name: str
+    mem_used: Optional[int]
+    mem_total: Optional[int]
+    util: Optional[float]
+    temp_c: Optional[float]
+    power_w: Optional[float]
+    power_limit_w: Optional[float]
+    throttle: Optional[str]
+    error: Optional[str]
+    mem_history: tuple[float, ...]  # fraction of memory used, oldest first
+    util_history: tuple[float, ...]  # utilisation in %, oldest first
+    processes: tuple[GpuProcess, ...]
+
+
+@dataclass(frozen=True)
+class HostView:
+    cpu_percent: Optional[float] = None
+    cpu_count: Optional[int] = None
+    ram_used: Optional[int] = None
+    ram_total: Optional[int] = None
+    load1: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class FailureView:
+    position: int
+    summary: str  # "Type: message", or for an empty message the failing source line and where
+    lanes: str  # "×2 ranks: Worker_TP0–1"
+    tier: str  # original / secondary / re-raised / final report
+    count: int
+    location: Optional[str]  # innermost frame, "file.py:142 in _submit"
+    source_line: Optional[str]
+    context: Optional[str]
+    hint_title: Optional[str]
+    hint_text: Optional[str]
+    traceback: str  # the full text, as printed
+
+
+@dataclass(frozen=True)
+class LogLine:
+    seq: int  # 1, 2, ... in arrival order; lines before the tail are gone from memory
+    lane: str
+    level: Optional[str]
+    text: str
+
+
+@dataclass(frozen=True)
+class Alert:
+    seq: int
+    kind: str
+    severity: str  # "error" or "warning" (Textual's notification severities)
+    message: str
+
+
+@dataclass(frozen=True)
+class RunView:
+    host: str
+    run: Optional[str]
+    name: Optional[str]
+    command: str
+    phase: str  # validating/loading/extracting/done/failed, "stalled", or "starting"/"waiting"
+    phase_detail: str
+    job_state: Optional[str]  # starting/running/exited/lost
+    exit_text: Optional[str]  # "exit code 1", "killed by SIGTERM"
+    exit_code: Optional[int]
+    uptime_s: Optional[float]
+    marks: tuple[str, ...]
+    link: str  # connected / lost / reconnecting / failed / closed / "" (not yet)
+    load: tuple[LoadBar, ...]
+    extraction: Extraction
+    gpus: tuple[GpuView, ...]
+    gpu_note: Optional[str]  # why there are no GPU figures ("no NVML: ...")
+    host_info: HostView
+    failures: tuple[FailureView, ...]
+    warnings: int  # tracebacks the processes survived
+    lanes: tuple[str, ...]
+    lines: int  # physical log lines decoded
+    log_bytes: int
+    log_last_seq: int
+    restart_of: Optional[str] = None
+    argv: tuple[str, ...] = field(default_factory=tuple)
+    phases_seen: tuple[str, ...] = field(default_factory=tuple)  # pipeline phases in the order they came
