@@ -305,7 +305,14 @@ def checkpoint_tensors(model: Any, scratch: Path) -> dict[str, Any]:
 
     from safetensors import safe_open
 
-    model.save_pretrained(scratch, safe_serialization=True)
+    from transformers.utils import logging as hf_logging
+
+    # Its "Writing model shards" bar would show up in a watched job's log as if it were the model load.
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(scratch, safe_serialization=True)
+    finally:
+        hf_logging.enable_progress_bar()
     state: dict[str, Any] = {}
     try:
         for path in sorted(scratch.glob("*.safetensors")):
