@@ -12,7 +12,12 @@
 #   5. `eaglewatch extract --engine hf` (tokens/s), `eaglewatch verify --against-hf 4`;
 #   6. with two GPUs, the same extraction at --tp-size 2 (vLLM 0.25.1-0.26 may stop at start-up: vLLM #51016).
 #
-#   OUT=/some/dir [WHEELS=/tmp/w] bash bench/gpu_extract_run.sh [prep|install|all]
+#   OUT=/some/dir [WHEELS=/tmp/w] bash bench/gpu_extract_run.sh [prep|install|all|nofsync]
+#
+# `nofsync` ("Without the per-file fsync"), one GPU: bare vLLM as in 4, then `eaglewatch extract --engine vllm
+# --no-fsync`, with the default in-process engine core and with --engine-core-process, one after another on GPU 0
+# (each output removed and synced away before the next run); no HF engine, no verify. Results in
+# $OUT/summary_nofsync.json and the three logs. Start `prep` early with SKIP_HF=1 to leave the HF engine out.
 #
 # `prep` (model, data, disk check, HF engine) and `install` need no vLLM run and may be started early, in the
 # background; `all` (the default) waits for a running prep, does whatever is not done yet, and runs the rest.
@@ -115,7 +120,7 @@ prep() {
     say "disk: 2 GiB with fsync"
     dd if=/dev/zero of="$W/ddtest" bs=16M count=128 conv=fsync 2>&1 | tail -1 | tee "$W/dd.txt"
     rm -f "$W/ddtest"
-    run_hf
+    [ "${SKIP_HF:-0}" = 1 ] || run_hf
     touch "$W/prep.done"
 }
 
@@ -310,9 +315,78 @@ EOF
     ls -la "$OUT"
 }
 
+run_nofsync() {
+    OUT=${OUT:?set OUT to the folder for the results}
+    mkdir -p "$OUT"
+    exec > >(tee "$OUT/console.txt") 2>&1
+    if [ -e "$W/prep.started" ] && [ ! -e "$W/prep.done" ]; then
+        say "waiting for the prep started earlier"
+        for _ in $(seq 1 300); do [ -e "$W/prep.done" ] && break; sleep 1; done
+    fi
+    layout
+    install_wheels
+    [ -e "$W/prep.done" ] || SKIP_HF=1 prep
+    export PYTHONPATH=/tmp/ew:/tmp/site
+    say "software"
+    nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader
+    python3 -c "import vllm, torch, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)" 2>&1 | tail -1
+    df -h "$W" | tail -1; cat "$W/dd.txt" 2>/dev/null
+    COMMON=(--model-path "$W/model" --prepared-data "$W/data.jsonl" --layer-ids "${LAYERS[@]}" --max-seq-len "$SEQ"
+            --batch-size "$BATCH" --enforce-eager --force-new --no-preflight --no-fsync)
+    write_bare_script
+    rm -rf "$W/out-bare" && mkdir -p "$W/out-bare"
+    say "bare vLLM on GPU 0"
+    CUDA_VISIBLE_DEVICES=0 timeout -k 5 $(( $(left) - 30 )) python3 "$W/bare.py" --model "$W/model" \
+        --data "$W/data.jsonl" --out-dir "$W/out-bare" --result "$W/bare.json" --layer-ids "${LAYERS[@]}" \
+        --max-seq-len "$SEQ" > "$W/bare_vllm.log" 2>&1; echo $? > "$W/bare.rc"
+    say "bare vLLM exit $(cat "$W/bare.rc")"; grep '^\[bare\]' "$W/bare_vllm.log" | tail -2
+    rm -rf "$W/out-bare"; sync
+    for run in inproc coreproc; do
+        extra=(); [ "$run" = coreproc ] && extra=(--engine-core-process)
+        rm -rf "$W/out-$run"
+        say "eaglewatch extract --engine vllm --no-fsync ${extra[*]} on GPU 0, $(( $(left) - 20 )) s at most"
+        CUDA_VISIBLE_DEVICES=0 timeout -k 5 $(( $(left) - 20 )) python3 -m eaglewatch extract --engine vllm \
+            --output-dir "$W/out-$run" "${COMMON[@]}" "${extra[@]}" > "$W/ew_$run.log" 2>&1; echo $? > "$W/ew_$run.rc"
+        say "exit $(cat "$W/ew_$run.rc")"; tail -2 "$W/ew_$run.log"
+        mkdir -p "$W/keep-$run"; cp "$W/out-$run"/manifest*.json "$W/keep-$run/" 2>/dev/null
+        rm -rf "$W/out-$run"; sync
+    done
+    python3 - "$W" "$OUT" <<'EOF'
+import json, sys
+from pathlib import Path
+
+w, out = Path(sys.argv[1]), Path(sys.argv[2])
+def js(p):
+    try:
+        return json.loads(Path(p).read_text())
+    except Exception:
+        return {}
+def rc(name):
+    p = w / f"{name}.rc"
+    return int(p.read_text()) if p.exists() else None
+keep = ("engine", "status", "samples_written", "tokens_written", "bytes_written", "extract_s", "tokens_per_s",
+        "load_s", "versions", "batch_size", "fsync", "engine_core_process", "deterministic")
+bare = {**js(w / "bare.json"), "exit": rc("bare")}
+summary = {"bare_vllm": bare}
+for run in ("inproc", "coreproc"):
+    m = js(w / f"keep-{run}" / "manifest.json")
+    r = {k: m.get(k) for k in keep if k in m}
+    r["exit"] = rc(f"ew_{run}")
+    if r.get("tokens_per_s") and bare.get("tokens_per_s"):
+        r["ratio_to_bare"] = round(r["tokens_per_s"] / bare["tokens_per_s"], 3)
+    summary[f"eaglewatch_nofsync_{run}"] = r
+summary["disk_dd_fsync"] = (w / "dd.txt").read_text().strip() if (w / "dd.txt").exists() else None
+(out / "summary_nofsync.json").write_text(json.dumps(summary, indent=2) + "\n")
+print(json.dumps(summary, indent=2))
+EOF
+    cp "$W/bare_vllm.log" "$W/ew_inproc.log" "$W/ew_coreproc.log" "$OUT/" 2>/dev/null
+    say "done"
+}
+
 case "$STAGE" in
     prep) touch "$W/prep.started"; prep ;;
     install) install_wheels ;;
     all) run_all ;;
-    *) echo "usage: $0 [prep|install|all]" >&2; exit 2 ;;
+    nofsync) run_nofsync ;;
+    *) echo "usage: $0 [prep|install|all|nofsync]" >&2; exit 2 ;;
 esac
