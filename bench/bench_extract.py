@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench_common import tiny_llama_with_data, work_folder
+
 
 def replicate(prepared: Path, dest: Path, copies: int) -> int:
     rows = [json.loads(line) for line in prepared.read_text().splitlines() if line.strip()]
@@ -84,19 +86,9 @@ def main() -> None:
     parser.add_argument("--copies", type=int, default=8, help="copies of the 64 bundled samples")
     parser.add_argument("--workdir", default=".work/bench-extract")
     args = parser.parse_args()
-    work = Path(args.workdir).resolve()
-    work.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("VLLM_CACHE_ROOT", str(work / "vllm-cache"))
-
-    from eaglewatch.assets import SAMPLE_CHAT_DATA
-    from eaglewatch.pipeline.prepare import load_tokenizer, prepare
-    from eaglewatch.pipeline.tiny_model import BASE_CONFIGS, make_tiny_model
-
-    model = work / "llama"
-    if not (model / "config.json").exists():
-        make_tiny_model(model, dict(BASE_CONFIGS["llama"]), shards=8)
-    prepare(SAMPLE_CHAT_DATA, work / "base.jsonl", load_tokenizer(str(model)), max_length=512)
-    n = replicate(work / "base.jsonl", work / "data.jsonl", args.copies)
+    work = work_folder(args.workdir)
+    model, base = tiny_llama_with_data(work, "llama", shards=8)
+    n = replicate(base, work / "data.jsonl", args.copies)
     results = [run_engine(e, model, work / "data.jsonl", work / f"out-{e}") for e in ("vllm", "hf")]
     print(f"## Extraction on this CPU ({os.cpu_count()} cores): tiny Llama (hidden 128, 4 layers, fp32, 8 shards), "
           f"{n} samples, layers 1 2 4, batch 64")

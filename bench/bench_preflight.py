@@ -7,12 +7,12 @@ the seed's 18-minute model load (64 shards at ~17 s each).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
+
+from bench_common import tiny_llama_with_data, work_folder
 
 SEED_LOAD_S = 18 * 60
 
@@ -21,20 +21,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--workdir", default=".work/bench-preflight")
     args = parser.parse_args()
-    work = Path(args.workdir).resolve()
-    work.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("VLLM_CACHE_ROOT", str(work / "vllm-cache"))
-
-    from eaglewatch.assets import SAMPLE_CHAT_DATA
-    from eaglewatch.pipeline.prepare import load_tokenizer, prepare
-    from eaglewatch.pipeline.tiny_model import BASE_CONFIGS, make_tiny_model
-
-    model = work / "llama-64"
-    if not (model / "config.json").exists():
-        config = dict(BASE_CONFIGS["llama"], num_hidden_layers=16)  # enough tensors for 64 shards
-        make_tiny_model(model, config, shards=64)
-    data = work / "prepared.jsonl"
-    prepare(SAMPLE_CHAT_DATA, data, load_tokenizer(str(model)), max_length=512)
+    work = work_folder(args.workdir)
+    # 16 layers: enough tensors for 64 shards.
+    model, data = tiny_llama_with_data(work, "llama-64", shards=64, num_hidden_layers=16)
     base = [sys.executable, "-m", "eaglewatch", "preflight", "--model-path", str(model), "--prepared-data",
             str(data), "--output-dir", str(work / "out"), "--max-seq-len", "512"]
     checks = []

@@ -188,7 +188,8 @@ if __name__ == "__main__":
 EOF
 }
 
-run_all() {
+# What every measuring stage does first: results folder and console copy, wait for a background prep, install.
+begin_stage() {
     OUT=${OUT:?set OUT to the folder for the results}
     mkdir -p "$OUT"
     exec > >(tee "$OUT/console.txt") 2>&1
@@ -198,6 +199,10 @@ run_all() {
     fi
     layout
     install_wheels
+}
+
+run_all() {
+    begin_stage
     [ -e "$W/prep.done" ] || prep
     export PYTHONPATH=/tmp/ew:/tmp/site
     say "software"
@@ -316,15 +321,7 @@ EOF
 }
 
 run_nofsync() {
-    OUT=${OUT:?set OUT to the folder for the results}
-    mkdir -p "$OUT"
-    exec > >(tee "$OUT/console.txt") 2>&1
-    if [ -e "$W/prep.started" ] && [ ! -e "$W/prep.done" ]; then
-        say "waiting for the prep started earlier"
-        for _ in $(seq 1 300); do [ -e "$W/prep.done" ] && break; sleep 1; done
-    fi
-    layout
-    install_wheels
+    begin_stage
     [ -e "$W/prep.done" ] || SKIP_HF=1 prep
     export PYTHONPATH=/tmp/ew:/tmp/site
     say "software"
