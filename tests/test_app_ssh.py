@@ -65,7 +65,9 @@ def test_accept_key_list_runs_attach_and_launch_over_ssh(sshd_server: Sshd, run_
                                     what="runs list")
             await wait_until(pilot, lambda: runs.runs, 20, what="the runs")
             assert [r["run"] for r in runs.runs] == [existing]
-            assert existing in screen_text(app) and "running" in screen_text(app)
+            # The list's data arrives before the table is painted with it: wait for the screen, not just the data.
+            await wait_until(pilot, lambda: existing in screen_text(app) and "running" in screen_text(app), 10,
+                             what="the run shown as running")
             await pilot.press("enter")
             screen = await wait_until(pilot, lambda: run_screen(app), 20, what="run screen")
             await wait_until(pilot, lambda: "tick 3" in screen_text(app), 20, what="the run's log")
