@@ -56,5 +56,9 @@ def test_demo_fault_shows_the_worker_assert_as_root_cause(run_root, tmp_path):
             assert "Traceback (most recent call last)" in full and "_submit" in full
             await pilot.press("escape")
             await pilot.press("q")
+            await wait_until(pilot, lambda: app.return_value is not None, 10, what="exit")
+            return screen.run_id
 
-    asyncio.run(scenario())
+    run = asyncio.run(scenario())
+    # Leaving a run that has ended says how it ended, not that it keeps running.
+    assert app.return_value == ("left", run, "exit code 1")

@@ -57,7 +57,7 @@ def test_demo_in_a_terminal_opens_the_dashboard_and_q_detaches(tmux, tmp_path):
     wait_for_screen(tmux, lambda s: "eaglewatch keys" not in s, 10, "help closed")
     tmux("send-keys", "-t", "demo", "q")
     screen = wait_for_screen(tmux, lambda s: "EXIT=" in s, 20, "the dashboard's exit")
-    assert "EXIT=0" in screen and "detached from" in screen
+    assert "EXIT=0" in screen and "has ended (exit code 0)" in screen and "keeps running" not in screen
     # The run lives in the run directory, as the agent wrote it.
     (run_dir,) = runs.iterdir()
     assert (run_dir / "exit.json").exists() and b"phase: done" in (run_dir / "log").read_bytes()

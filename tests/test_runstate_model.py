@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from app_support import H200X2_STREAM, WORKER_ASSERT_LOG, crashed_model
+from app_support import FIXTURES, H200X2_STREAM, WORKER_ASSERT_LOG, crashed_model
 
 from eaglewatch import protocol as p
 from eaglewatch.tui.runstate import RunModel, Thresholds
@@ -131,3 +131,73 @@ def test_formatting_helpers():
     assert bar(0.5, 4) == "██  " and bar(None, 3) == "···" and bar(1.0, 2) == "██"
     assert sparkline([0, 50, 100], 3, 100) == " ▄█"
     assert fmt_duration(3725) == "1h02m" and fmt_duration(None) == "?"
+
+
+H200_LOG = FIXTURES / "gpu" / "h200_eaglewatch_vllm026_extract.log"
+
+
+def test_the_engines_latest_info_line_shows_what_loading_is_doing_after_the_shards():
+    # On the H200, vLLM profiled and warmed up for two minutes after its last shard, printing nothing.
+    clock = Clock()
+    model = RunModel("h", {"run": "r", "state": "running"}, clock=clock)
+    model.feed_event(event(p.EVENT_PHASE, phase="loading"))
+    lines = H200_LOG.read_bytes().splitlines(keepends=True)
+    upto = next(i for i, line in enumerate(lines) if b"Model loading took" in line)
+    model.feed_log(b"".join(lines[: upto + 1]))
+    clock.now = 123.0
+    model.tick()
+    view = model.snapshot()
+    assert view.load[0].done and view.load[0].total == 9
+    assert view.load_step.startswith("Model loading took 1.88 GiB memory")
+    assert view.load_step_age_s == 123.0
+    # Warnings and unheaded lines are not steps; the next INFO line is.
+    model.feed_log(b"WARNING 11-30 04:26:05 [x.py:1] something odd\nplain text\n"
+                   b"INFO 11-30 04:28:05 [gpu_worker.py:560] Available KV cache memory: 122.56 GiB\n")
+    view = model.snapshot()
+    assert view.load_step == "Available KV cache memory: 122.56 GiB" and view.load_step_age_s == 0.0
+    model.feed_event(event(p.EVENT_PHASE, phase="extracting"))
+    model.feed_log(b"INFO 11-30 04:28:07 [core.py:347] init engine took 124 s\n")
+    assert model.snapshot().load_step is None
+
+
+def extracting_with_disk(free_gib: float, full_in_s: float, resumed: int = 0, done: int = 512):
+    model = RunModel("h", {"run": "r", "state": "running"}, Thresholds(low_disk_bytes=2 * 1024**3))
+    model.feed_event(event(p.EVENT_PHASE, phase="extracting"))
+    model.feed_event(event(p.EVENT_INFO, samples=1024, tokens=1024 * 1024, resumed_samples=resumed))
+    written = done - resumed
+    model.feed_event(event(p.EVENT_PROGRESS, done=done, total=1024, tokens=written * 1024,
+                           bytes=written * 16 * 1024**2, tokens_per_s=80_000.0))
+    sample = json.loads(H200X2_STREAM.read_text().splitlines()[0])
+    sample["host"]["disk"] = {"free": int(free_gib * 1024**3), "total": 270 * 1024**3, "full_in_s": full_in_s}
+    model.feed_telemetry(sample)
+    return model
+
+
+def test_a_fast_writer_that_will_fit_is_no_low_disk_alarm():
+    # As seen on the H200: 47 GB free, "full in 35 s" at 1.2 GB/s, but the job needs 8 GiB more and stops.
+    model = extracting_with_disk(free_gib=47, full_in_s=35)
+    view = model.snapshot()
+    assert view.extraction.bytes_to_go == 512 * 16 * 1024**2
+    assert "low disk" not in view.marks and model.alerts_since(0) == []
+
+
+def test_output_that_will_not_fit_is_alerted_with_what_it_needs():
+    model = extracting_with_disk(free_gib=9, full_in_s=4000)
+    assert "low disk" in model.snapshot().marks
+    (alert,) = model.alerts_since(0)
+    assert alert.kind == "disk" and "needs about 8.0 GiB" in alert.message
+
+
+def test_a_resumed_run_estimates_what_is_left_per_sample():
+    # 800 of 1024 done, 300 of them resumed: 500 written this time, 224 to go at 16 MiB each.
+    model = extracting_with_disk(free_gib=100, full_in_s=4000, resumed=300, done=800)
+    assert model.snapshot().extraction.bytes_to_go == 224 * 16 * 1024**2
+
+
+def test_before_the_first_batch_the_growth_rate_decides():
+    model = RunModel("h", {"run": "r", "state": "running"})
+    sample = json.loads(H200X2_STREAM.read_text().splitlines()[0])
+    sample["host"]["disk"] = {"free": 50 * 1024**3, "total": 270 * 1024**3, "full_in_s": 600}
+    model.feed_telemetry(sample)
+    view = model.snapshot()
+    assert view.extraction.bytes_to_go is None and "low disk" in view.marks

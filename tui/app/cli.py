@@ -41,10 +41,13 @@ def run_app(app: Any) -> int:
     """Run the dashboard; say what became of the run when it closes."""
     result = app.run()
     if isinstance(result, tuple):
-        what, run = result
+        what, run, *ended = result
         if what == "detached" and run:
             print(f"eaglewatch: detached from {run} on {app.host}; it keeps running. "
                   f"Reattach: eaglewatch {app.host} {run}", file=sys.stderr)
+        elif what == "left" and run:
+            print(f"eaglewatch: {run} on {app.host} has ended ({ended[0] if ended else 'exited'}). "
+                  f"Look again: eaglewatch {app.host} {run}", file=sys.stderr)
         elif what == "stopped" and run:
             print(f"eaglewatch: stopped {run} on {app.host}", file=sys.stderr)
     return int(app.return_code or 0)

@@ -42,6 +42,7 @@ _TIERS = {0: "original", 1: "secondary", 2: "re-raised", 3: "final report"}
 _EXTRACT_BAR = "Extracting"
 _BAR_NOTE_EVERY_S = 10.0
 _MAX_ALERTS = 200
+_AFTER_LOADING = (p.PHASE_EXTRACTING, p.PHASE_DONE, p.PHASE_FAILED)
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,7 @@ class RunModel:
         self._progress: dict[str, Any] = {}
         self._error_event: Optional[dict[str, Any]] = None
         self._warning_events = 0
+        self._load_step: Optional[tuple[str, float]] = None  # the job's latest logger line before extraction
         self._last_progress_at = clock()
         self._bar_notes: dict[tuple[str, str], tuple[float, bool]] = {}
         self._tail: deque[LogLine] = deque(maxlen=thresholds.log_tail)
@@ -199,6 +201,8 @@ class RunModel:
             kind = type(event)
             if kind is LineEvent:
                 self._add_log_line(event.lane, event.level, event.text)
+                if self._is_load_step(event):
+                    self._load_step = (event.text, self.clock())
             elif kind is BarUpdate:
                 moved = True
                 self._bar_note(event)
@@ -207,6 +211,12 @@ class RunModel:
             if progress:
                 self._last_progress_at = max(self._last_progress_at, max(progress.values()))
         self._changed()
+
+    def _is_load_step(self, line: LineEvent) -> bool:
+        """An INFO line of a logger (vLLM's "Loading weights took ...") while the engine starts: between the shard
+        bars and the first sample there can be minutes of profiling and warm-up that only such lines describe."""
+        return (line.level == "INFO" and line.source is not None and line.lane != "eaglewatch"
+                and self._phase not in _AFTER_LOADING)
 
     def _add_log_line(self, lane: str, level: Optional[str], text: str) -> None:
         self._seq += 1
@@ -322,12 +332,30 @@ class RunModel:
             return False
         return self.clock() - self._last_progress_at >= self.thresholds.stall_after_s
 
+    def _output_bytes_to_go(self) -> Optional[int]:
+        """What the rest of the extraction will write, from what it has written so far (None before the first
+        batch). Sizes follow tokens, so a fresh run scales by tokens; a resumed one by samples."""
+        prog, info = self._progress, self._info
+        done, total, written_bytes = _int(prog.get("done")), _int(prog.get("total")), _int(prog.get("bytes"))
+        if not done or not total or not written_bytes:
+            return None
+        resumed = _int(info.get("resumed_samples")) or 0
+        tokens, tokens_total = _int(prog.get("tokens")), _int(info.get("tokens"))
+        if resumed == 0 and tokens and tokens_total:
+            return int(written_bytes / tokens * max(0, tokens_total - tokens))
+        written = done - resumed
+        return int(written_bytes / written * max(0, total - done)) if written > 0 else None
+
     def _is_low_disk(self) -> bool:
         free = _int(self._disk.get("free"))
         if free is None or not self._running():
             return False
         if free < self.thresholds.low_disk_bytes:
             return True
+        to_go = self._output_bytes_to_go()
+        if to_go is not None:
+            # The job's own needs are known: a fast writer that will stop in time is no alarm.
+            return free - to_go < self.thresholds.low_disk_bytes
         full_in = _float(self._disk.get("full_in_s"))
         return full_in is not None and 0 < full_in < self.thresholds.full_in_s
 
@@ -350,7 +378,10 @@ class RunModel:
         low = self._is_low_disk()
         if low and not self._low_disk:
             free = _int(self._disk.get("free")) or 0
-            self._alert(ALERT_DISK, "warning", f"low disk space: {free / 1024**3:.1f} GiB free on the output disk")
+            to_go = self._output_bytes_to_go()
+            needs = f"; the rest of the output needs about {to_go / 1024**3:.1f} GiB" if to_go else ""
+            self._alert(ALERT_DISK, "warning",
+                        f"low disk space: {free / 1024**3:.1f} GiB free on the output disk{needs}")
         if low != self._low_disk:
             self._low_disk = low
             self._changed()
@@ -433,6 +464,7 @@ class RunModel:
             disk_free=_int(disk.get("free")),
             disk_total=_int(disk.get("total")),
             disk_full_in_s=_float(disk.get("full_in_s")),
+            bytes_to_go=self._output_bytes_to_go() if self._phase == p.PHASE_EXTRACTING else None,
             resumed=_int(info.get("resumed_samples")) or 0,
         )
 
@@ -520,4 +552,7 @@ class RunModel:
                 restart_of=summary.get("restart_of"),
                 argv=argv,
                 phases_seen=tuple(self._phases),
+                load_step=self._load_step[0] if self._load_step and self._running()
+                and self._phase not in _AFTER_LOADING else None,
+                load_step_age_s=(self.clock() - self._load_step[1]) if self._load_step else None,
             )

@@ -43,7 +43,8 @@ class Extraction:
     eta_s: Optional[float] = None
     disk_free: Optional[int] = None
     disk_total: Optional[int] = None
-    disk_full_in_s: Optional[float] = None
+    disk_full_in_s: Optional[float] = None  # at the disk's recent growth rate
+    bytes_to_go: Optional[int] = None  # what the rest of the extraction will write, estimated
     resumed: int = 0
 
 
@@ -140,3 +141,5 @@ class RunView:
     restart_of: Optional[str] = None
     argv: tuple[str, ...] = field(default_factory=tuple)
     phases_seen: tuple[str, ...] = field(default_factory=tuple)  # pipeline phases in the order they came
+    load_step: Optional[str] = None  # the engine's latest INFO line while it starts ("Model loading took ...")
+    load_step_age_s: Optional[float] = None  # how long ago that line came

@@ -12,6 +12,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Input
 from textual.worker import get_current_worker
 
+from eaglewatch import protocol as p
 from eaglewatch.tui.app.feed import follow_run
 from eaglewatch.tui.app.screens.dialogs import ConfirmScreen, HelpScreen, RestartScreen, TracebackScreen
 from eaglewatch.tui.app.widgets.panels import (
@@ -198,7 +199,12 @@ class RunScreen(Screen):
         self.app.push_screen(HelpScreen(HELP_ROWS, self.dash.read_only))
 
     def action_detach(self) -> None:
-        self.app.exit(("detached", self.run_id))
+        view = self.model.snapshot()
+        if view.job_state in (p.JOB_EXITED, p.JOB_LOST):
+            # Nothing keeps running: say how it ended instead.
+            self.app.exit(("left", self.run_id, view.exit_text or view.job_state))
+        else:
+            self.app.exit(("detached", self.run_id))
 
     def action_stop(self) -> None:
         if self._refuse_if_read_only("stop"):

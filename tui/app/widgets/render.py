@@ -70,6 +70,7 @@ def load_text(view: RunView, width: int) -> Text:
     if not view.load:
         waiting = view.phase in ("starting", "validating", "loading")
         text.append("waiting for the loader…" if waiting else "no loading bars", "dim")
+        _append_load_step(text, view, width)
         return text
     lane_w = min(16, max(len(b.lane) for b in view.load))
     for i, item in enumerate(view.load):
@@ -88,7 +89,19 @@ def load_text(view: RunView, width: int) -> Text:
         text.append(tail)
         if width >= lane_w + bar_w + len(tail) + 12:
             text.append(f"  {item.desc}", "dim")
+    _append_load_step(text, view, width)
     return text
+
+
+def _append_load_step(text: Text, view: RunView, width: int) -> None:
+    """The engine's latest INFO line and its age: after the shard bars, vLLM can profile and warm up for minutes
+    with nothing else to show that it is alive."""
+    if not view.load_step:
+        return
+    age = f"{fmt_duration(view.load_step_age_s)} ago " if view.load_step_age_s is not None else ""
+    text.append("\n")
+    text.append(age, "yellow" if (view.load_step_age_s or 0) >= 60 else "dim")
+    text.append(_clip(view.load_step, max(1, width - len(age))), "dim italic")
 
 
 def extraction_text(view: RunView, width: int) -> Text:
@@ -115,7 +128,11 @@ def extraction_text(view: RunView, width: int) -> Text:
         text.append(fmt_gb(ex.disk_free), "bold red" if "low disk" in view.marks else "")
         if ex.disk_total:
             text.append(f" of {fmt_gb(ex.disk_total)}", "dim")
-        if ex.disk_full_in_s:
+        if ex.bytes_to_go is not None:
+            # What the job still needs says more than the growth rate: a fast writer may stop well before full.
+            short = ex.disk_free - ex.bytes_to_go < 0
+            text.append(f"  needs {fmt_gb(ex.bytes_to_go)} more", "bold red" if short else "dim")
+        elif ex.disk_full_in_s:
             text.append(f"  full in {fmt_duration(ex.disk_full_in_s)}", "yellow")
     else:
         text.append("n/a", "dim")
