@@ -95,7 +95,7 @@ press() {  # press KEY NAME: send a key, give the screen a moment, capture it
     tmux -L ew send-keys -t dash "$1"; sleep 1.5; capture "$2"
 }
 
-n=0 ended=""
+n=0 ended="" settled=""
 while [ $(( $(date +%s) - T_START )) -lt "$DEADLINE_S" ]; do
     n=$((n + 1))
     capture "$(printf '%04d' "$n")"
@@ -103,8 +103,12 @@ while [ $(( $(date +%s) - T_START )) -lt "$DEADLINE_S" ]; do
         ended=$n
         say "the run ended (capture $n): $(tr -d '\n ' < "$RUNS"/*/exit.json)"
     fi
-    # Some seconds more after the end, for the final screen.
-    [ -n "$ended" ] && [ $((n - ended)) -ge 6 ] && break
+    # After the end, until the supervisor has dealt with any leftover processes, then some seconds more.
+    if [ -n "$ended" ] && [ -z "$settled" ] && ! kill -0 "$(cat "$RUNS"/*/supervisor.pid)" 2>/dev/null; then
+        settled=$n
+        say "the supervisor is done (capture $n): $(tr -d '\n ' < "$RUNS"/*/exit.json)"
+    fi
+    [ -n "$settled" ] && [ $((n - settled)) -ge 6 ] && break
     sleep 0.5
 done
 [ -n "$ended" ] || say "the run had not ended by the deadline"

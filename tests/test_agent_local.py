@@ -147,6 +147,57 @@ def test_restart_gives_a_new_run_linked_to_the_old(local: Connection, run_root: 
     assert bytes(got.log) == b"two\n" and edited["restart_of"] == new["run"]
 
 
+LEAVE_A_CHILD = textwrap.dedent(
+    """
+    import subprocess, sys
+    child = subprocess.Popen(["sh", "-c", sys.argv[1]])
+    print(child.pid, flush=True)
+    sys.exit(1)
+    """
+)
+
+
+def leftover_run(local: Connection, run_root: Path, child_sh: str, grace_s: str) -> tuple[RunDir, int]:
+    summary = local.launch([PYTHON, "-c", LEAVE_A_CHILD, child_sh], env={"EAGLEWATCH_LEFTOVER_GRACE_S": grace_s})
+    run = RunDir(run_root / summary["run"])
+    wait_for(lambda: run.exit_info(), timeout_s=10)
+    return run, int(run.log_path.read_bytes().split()[0])
+
+
+def test_processes_that_outlive_the_main_process_are_ended_after_a_grace(local: Connection, run_root: Path) -> None:
+    # A tensor-parallel worker stuck in a collective outlives the main process and keeps its GPU memory.
+    run, child = leftover_run(local, run_root, "exec sleep 300", grace_s="1")
+    assert run.exit_info()["code"] == 1 and procs.pid_alive(child)
+    leftovers = wait_for(lambda: run.exit_info().get("leftovers"), timeout_s=15)
+    assert leftovers["pids"] == [child] and leftovers["ended_by"] == "SIGTERM" and leftovers["alive"] == []
+    assert not procs.pid_alive(child)
+    log = run.log_path.read_text()
+    assert f"[eaglewatch] 1 process(es) of the run outlived its main process (pids {child}); SIGTERM in 1 s" in log
+    assert "[eaglewatch] the leftover processes ended after SIGTERM" in log
+    warnings = [e for e in protocol.read_events(run.events_path.read_bytes().splitlines()) if e["kind"] == "warning"]
+    assert [e["by"] for e in warnings] == ["supervisor", "supervisor"]
+
+
+def test_a_leftover_that_ignores_sigterm_gets_sigkill(local: Connection, run_root: Path) -> None:
+    run, child = leftover_run(local, run_root, "trap '' TERM; while :; do sleep 0.05; done", grace_s="0.5")
+    leftovers = wait_for(lambda: run.exit_info().get("leftovers"), timeout_s=15)
+    assert leftovers["ended_by"] == "SIGKILL" and not procs.pid_alive(child)
+
+
+def test_a_helper_that_ends_soon_after_the_main_process_is_left_alone(local: Connection, run_root: Path) -> None:
+    run, child = leftover_run(local, run_root, "sleep 0.3", grace_s="5")
+    wait_for(lambda: not jobs.supervisor_alive(run), timeout_s=10)
+    assert "leftovers" not in run.exit_info() and "[eaglewatch]" not in run.log_path.read_text()
+
+
+def test_stop_ends_leftovers_of_a_run_that_has_exited(local: Connection, run_root: Path) -> None:
+    run, child = leftover_run(local, run_root, "exec sleep 300", grace_s="60")
+    started = time.monotonic()
+    local.stop(run.run_id, grace_s=5)
+    assert not procs.pid_alive(child) and time.monotonic() - started < 10
+    assert run.exit_info()["code"] == 1  # how the job ended stays what it was
+
+
 def test_the_exit_is_recorded_when_the_agent_is_killed(local: Connection, run_root: Path) -> None:
     summary = local.launch(["sh", "-c", "sleep 0.5; echo done; exit 5"])
     os.kill(local.agent_pid, signal.SIGKILL)

@@ -34,6 +34,9 @@ from eaglewatch.tui.decode.lanes import (
         ("(RayWorkerWrapper pid=41, ip=10.0.0.2) x", "RayWorkerWrapper", 41, KIND_WORKER, (), "x"),
         ("(pid=41) x", "pid=41", 41, KIND_OTHER, (), "x"),
         ("[rank1]: Traceback", "rank1", None, KIND_WORKER, (("rank", 1),), "Traceback"),
+        # torch's C++ warnings in a distributed process, as a stuck TP1 worker printed them on an H200
+        ("[rank1]:[W1130 05:42:09.064502209 TCPStore.cpp:106] [c10d] sendBytes failed", "rank1", None, KIND_WORKER,
+         (("rank", 1),), "[W1130 05:42:09.064502209 TCPStore.cpp:106] [c10d] sendBytes failed"),
         ("(EngineCore pid=835) ", "EngineCore", 835, KIND_ENGINE, (), ""),
         ("(EngineCore pid=835)", "EngineCore", 835, KIND_ENGINE, (), ""),
     ],
@@ -47,7 +50,7 @@ def test_prefix_forms(line: str, name: str, pid: int, kind: str, ranks: tuple, r
 
 @pytest.mark.parametrize(
     "line",
-    ["(foo) bar", "(Worker pid=1)glued", "(see above) error", "[probe] import took 3s", "[W1130 01:28:53 x.cc:1] w",
+    ["(foo) bar", "(Worker pid=1)glued", "[rank1]:glued", "(see above) error", "[probe] import took 3s", "[W1130 01:28:53 x.cc:1] w",
      "plain text", "", "(unterminated pid=3"],
 )
 def test_things_that_are_not_prefixes(line: str) -> None:

@@ -201,3 +201,13 @@ def test_before_the_first_batch_the_growth_rate_decides():
     model.feed_telemetry(sample)
     view = model.snapshot()
     assert view.extraction.bytes_to_go is None and "low disk" in view.marks
+
+
+def test_the_supervisors_word_on_leftover_processes_is_alerted_after_the_end():
+    model = RunModel("h", {"run": "r", "state": "running"})
+    model.feed_job("exited", {"code": 1}, {})
+    model.feed_event(event(p.EVENT_WARNING, message="1 process(es) of the run outlived its main process (pids 7)",
+                           code="leftover_processes", by="supervisor"))
+    model.feed_event(event(p.EVENT_WARNING, message="a pipeline warning"))
+    alerts = [a for a in model.alerts_since(0) if a.kind == "processes"]
+    assert [a.message for a in alerts] == ["1 process(es) of the run outlived its main process (pids 7)"]

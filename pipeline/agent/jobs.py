@@ -211,59 +211,13 @@ def job_pids(root: Path) -> list[int]:
     return pids
 
 
-def _wait_until(predicate: Callable[[], bool], timeout_s: float, step_s: float = 0.02) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if predicate():
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(step_s)
-
-
-class _Targets:
-    """The processes stop signals, fixed once ownership was checked.
-
-    Ownership (a member carrying the run's marker) is checked once, before the first signal. After that the group
-    is waited on by pgid alone: a process group id cannot be reused while any member lives, and a process that
-    is exiting may already show an empty environment.
-    """
-
-    def __init__(self, run: RunDir) -> None:
-        self.pgid = run.pgid()
-        table = procs.snapshot()
-        pids = procs.run_processes(run.run_id, self.pgid, table)
-        group = set(procs.group_members(self.pgid, table)) if self.pgid is not None else set()
-        self.group_is_ours = bool(group & set(pids))
-        self.escaped = [pid for pid in pids if pid not in group]
-        self.run_id = run.run_id
-        self.count = len(pids)
-
-    def remaining(self) -> list[int]:
-        left = procs.group_members(self.pgid) if self.group_is_ours and self.pgid is not None else []
-        return left + [pid for pid in self.escaped if procs.pid_alive(pid)]
-
-    def send(self, signum: int) -> None:
-        if self.group_is_ours and self.pgid is not None:
-            try:
-                os.killpg(self.pgid, signum)
-            except ProcessLookupError:
-                pass
-        for pid in self.escaped:
-            if procs.environ_has(pid, self.run_id):
-                try:
-                    os.kill(pid, signum)
-                except ProcessLookupError:
-                    pass
-
-
 def stop(run: RunDir, grace_s: float = 10.0, notice: Notice | None = None) -> dict[str, Any]:
     """SIGTERM the run's process group, SIGKILL it after grace_s, and return once none of its processes is left."""
     say = notice or (lambda message: None)
-    _wait_until(lambda: run.pid() is not None or run.exit_path.exists() or not supervisor_alive(run), 5.0)
-    if run.exit_path.exists():
+    procs.wait_until(lambda: run.pid() is not None or run.exit_path.exists() or not supervisor_alive(run), 5.0)
+    targets = procs.RunTargets(run.run_id, run.pgid())
+    if run.exit_path.exists() and not targets.count:
         return run_summary(run)
-    targets = _Targets(run)
     if not targets.count and targets.pgid is not None:
         strangers = procs.group_members(targets.pgid)
         if strangers:
@@ -276,14 +230,14 @@ def stop(run: RunDir, grace_s: float = 10.0, notice: Notice | None = None) -> di
         say(f"sending SIGTERM to process group {targets.pgid} ({targets.count} processes)")
         targets.send(signal.SIGTERM)
         last_signal = signal.SIGTERM
-        if not _wait_until(lambda: not targets.remaining(), grace_s, 0.02):
+        if not procs.wait_until(lambda: not targets.remaining(), grace_s, 0.02):
             say(f"still running after {grace_s:g} s: sending SIGKILL")
             targets.send(signal.SIGKILL)
             last_signal = signal.SIGKILL
-            if not _wait_until(lambda: not targets.remaining(), 10.0, 0.02):
+            if not procs.wait_until(lambda: not targets.remaining(), 10.0, 0.02):
                 raise JobError(f"processes of run {run.run_id} survived SIGKILL: {targets.remaining()}")
     # The supervisor records the real status; if it is gone too, record what is known.
-    recorded = _wait_until(lambda: run.exit_path.exists(), 3.0)
+    recorded = procs.wait_until(lambda: run.exit_path.exists(), 3.0)
     if not recorded and not supervisor_alive(run) and not run.exit_path.exists():
         record: dict[str, Any] = {"code": None, "signal": None, "signal_name": None}
         if last_signal is not None:

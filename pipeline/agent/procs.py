@@ -11,7 +11,9 @@ Linux reads /proc directly; elsewhere psutil is used when it is importable.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
+from typing import Callable
 
 RUN_ID_ENV = "EAGLEWATCH_RUN_ID"
 
@@ -119,3 +121,51 @@ def group_alive(run_id: str, pgid: int | None, table: list[ProcInfo] | None = No
     if pgid is None:
         return False
     return any(environ_has(pid, run_id) for pid in group_members(pgid, table))
+
+
+def wait_until(predicate: Callable[[], object], timeout_s: float, step_s: float = 0.02) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(step_s)
+
+
+class RunTargets:
+    """The processes of a run that stop (or the supervisor, after the job's exit) signals, fixed once ownership
+    was checked.
+
+    Ownership (a member carrying the run's marker) is checked once, before the first signal. After that the group
+    is waited on by pgid alone: a process group id cannot be reused while any member lives, and a process that
+    is exiting may already show an empty environment.
+    """
+
+    def __init__(self, run_id: str, pgid: int | None) -> None:
+        self.pgid = pgid
+        table = snapshot()
+        pids = run_processes(run_id, pgid, table)
+        group = set(group_members(pgid, table)) if pgid is not None else set()
+        self.group_is_ours = bool(group & set(pids))
+        self.escaped = [pid for pid in pids if pid not in group]
+        self.run_id = run_id
+        self.pids = pids
+        self.count = len(pids)
+
+    def remaining(self) -> list[int]:
+        left = group_members(self.pgid) if self.group_is_ours and self.pgid is not None else []
+        return left + [pid for pid in self.escaped if pid_alive(pid)]
+
+    def send(self, signum: int) -> None:
+        if self.group_is_ours and self.pgid is not None:
+            try:
+                os.killpg(self.pgid, signum)
+            except ProcessLookupError:
+                pass
+        for pid in self.escaped:
+            if environ_has(pid, self.run_id):
+                try:
+                    os.kill(pid, signum)
+                except ProcessLookupError:
+                    pass

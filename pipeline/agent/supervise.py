@@ -3,6 +3,11 @@
 The agent spawns it in a new session (``setsid``), so it outlives the agent, the SSH session and sshd itself. The
 job runs in its own process group inside that session, so that stop can signal the job's whole group without
 hitting the supervisor, which then records how the job ended (a code, or the signal that killed it).
+
+When the job's main process has ended, the run is over, but some of its processes may not be: a tensor-parallel
+worker stuck in a collective whose peer died keeps its GPU memory (seen on two H200s: 137 GB held, at 100 %
+utilisation, after the main process had exited). The supervisor gives them a grace period to end by themselves,
+then SIGTERM, then SIGKILL, and says so in the log, the events and exit.json (``leftovers``).
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from eaglewatch.pipeline.agent.procs import RUN_ID_ENV
+from eaglewatch import protocol
+from eaglewatch.pipeline.agent.procs import RUN_ID_ENV, RunTargets, wait_until
 from eaglewatch.pipeline.agent.rundir import (
     PGID_FILE,
     PID_FILE,
@@ -26,6 +32,9 @@ from eaglewatch.pipeline.agent.rundir import (
 
 EVENTS_FILE_ENV = "EAGLEWATCH_EVENTS_FILE"
 RUN_DIR_ENV = "EAGLEWATCH_RUN_DIR"
+LEFTOVER_GRACE_ENV = "EAGLEWATCH_LEFTOVER_GRACE_S"
+LEFTOVER_GRACE_S = 15.0  # after the main process's exit, before SIGTERM; again before SIGKILL
+_SETTLE_S = 2.0  # helpers that end right after the main process (multiprocessing's resource tracker) are no news
 
 
 def job_environment(run: RunDir, base: dict[str, str]) -> dict[str, str]:
@@ -93,4 +102,52 @@ def supervise(run_dir: Path) -> int:
     record["ended_at"] = time.time()
     record["recorded_by"] = "supervisor"
     write_json_atomic(run.exit_path, record)
+    leftovers = clear_leftovers(run, child.pid, _grace_s())
+    if leftovers is not None:
+        write_json_atomic(run.exit_path, {**record, "leftovers": leftovers})
     return 0
+
+
+def _grace_s() -> float:
+    try:
+        return max(0.0, float(os.environ.get(LEFTOVER_GRACE_ENV, LEFTOVER_GRACE_S)))
+    except ValueError:
+        return LEFTOVER_GRACE_S
+
+
+def _note(run: RunDir, message: str) -> None:
+    """A line in the run's log (where the operator looks) and a warning event (which the dashboard alerts on)."""
+    line = f"[eaglewatch] {message}\n".encode("utf-8", "replace")
+    event = protocol.make_event(protocol.EVENT_WARNING, message=message, code="leftover_processes", by="supervisor")
+    for path, data in ((run.log_path, line), (run.events_path, protocol.encode(event))):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
+
+
+def clear_leftovers(run: RunDir, pgid: int, grace_s: float) -> dict | None:
+    """End what is left of the run after its main process exited; None when nothing was left."""
+    targets = RunTargets(run.run_id, pgid)
+    if not targets.count or wait_until(lambda: not targets.remaining(), min(_SETTLE_S, grace_s), 0.05):
+        return None
+    pids = targets.remaining()
+    _note(run, f"{len(pids)} process(es) of the run outlived its main process (pids {' '.join(map(str, pids[:8]))}); "
+               f"SIGTERM in {grace_s:g} s unless they end")
+    ended_by = None
+    if not wait_until(lambda: not targets.remaining(), grace_s, 0.1):
+        for signum in (signal.SIGTERM, signal.SIGKILL):
+            targets.send(signum)
+            ended_by = signal.Signals(signum).name
+            if wait_until(lambda: not targets.remaining(), grace_s if signum == signal.SIGTERM else 10.0, 0.05):
+                break
+    left = targets.remaining()
+    if left:
+        _note(run, f"processes of the run survived SIGKILL: pids {' '.join(map(str, left[:8]))}")
+    else:
+        _note(run, f"the leftover processes ended {'after ' + ended_by if ended_by else 'by themselves'}")
+    return {"pids": pids, "ended_by": ended_by, "alive": left, "cleared_at": time.time()}

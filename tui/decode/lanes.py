@@ -104,9 +104,12 @@ def split_prefix(text: str) -> tuple[Optional[str], int]:
     else:
         return None, 0
     if end < len(text):
-        if text[end] != " ":
-            return None, 0
-        return text[:end], end + 1
+        if text[end] == " ":
+            return text[:end], end + 1
+        if first == "[" and text[end] == "[":
+            # torch's C++ warnings in a distributed process: "[rank1]:[W1130 05:42:09.06 TCPStore.cpp:106] ..."
+            return text[:end], end
+        return None, 0
     return text[:end], end
 
 

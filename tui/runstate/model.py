@@ -23,6 +23,7 @@ from eaglewatch.tui.runstate.view import (
     ALERT_DISK,
     ALERT_EXIT,
     ALERT_FAILURE,
+    ALERT_PROCESSES,
     ALERT_STALL,
     MARK_FAILED,
     MARK_LOW_DISK,
@@ -258,6 +259,9 @@ class RunModel:
                 self._error_event = event
             elif kind == p.EVENT_WARNING:
                 self._warning_events += 1
+                if event.get("by") == "supervisor":
+                    # Processes that outlived the job (and hold its GPUs) are news even after the run ended.
+                    self._alert(ALERT_PROCESSES, "warning", str(event.get("message") or "leftover processes"))
             self._changed()
             self._check()
 

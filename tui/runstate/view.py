@@ -15,6 +15,7 @@ ALERT_FAILURE = "failure"
 ALERT_STALL = "stall"
 ALERT_DISK = "disk"
 ALERT_EXIT = "exit"
+ALERT_PROCESSES = "processes"  # the supervisor's word on processes that outlived the job
 
 
 @dataclass(frozen=True)
