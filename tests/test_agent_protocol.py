@@ -115,6 +115,12 @@ def test_targets_follow_ssh_config(tmp_path) -> None:
     assert resolve("root@gpu", str(config)).user == "root"
     with pytest.raises(ValueError):
         resolve("a b", str(config))
+    config.write_text("Host gpu\n  HostName 10.1.2.3\n  Port 2222\n  UserKnownHostsFile ~/kh /etc/kh2\n"
+                      "  HostKeyAlias gpu-box\n  ProxyJump bastion\n\nHost bastion\n  GlobalKnownHostsFile /etc/g\n")
+    gpu = resolve("gpu", str(config))
+    assert gpu.known_hosts == ("~/kh", "/etc/kh2", "/etc/ssh/ssh_known_hosts") and gpu.host_id == "gpu-box"
+    assert gpu.jumps[0].known_hosts == ("~/.ssh/known_hosts", "/etc/g") and gpu.jumps[0].host_id == "bastion"
+    assert resolve("192.0.2.9", str(config)).known_hosts == ()  # the defaults then
 
 
 def test_the_uploaded_agent_refuses_an_unknown_protocol_version(tmp_path) -> None:

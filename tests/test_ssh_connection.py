@@ -137,6 +137,42 @@ def test_a_changed_host_key_is_rejected(sshd_server: Sshd, run_root: Path, tmp_p
     assert known_hosts.read_text().split()[2] == blob
 
 
+def test_the_ssh_configs_known_hosts_files_and_host_key_alias_are_used(sshd_server: Sshd, run_root: Path,
+                                                                       tmp_path: Path) -> None:
+    key_type, blob = sshd_server.known_hosts_line().split()[1:3]
+    user_file, global_file = tmp_path / "kh" / "user", tmp_path / "kh" / "global"
+    host = (f"  HostName 127.0.0.1\n  Port {sshd_server.port}\n  User {sshd_server.user}\n"
+            f"  IdentityFile {sshd_server.client_key}\n  UserKnownHostsFile {user_file}\n")
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host cfgbox\n{host}  StrictHostKeyChecking no\n\n"
+                      f"Host aliased\n{host}  GlobalKnownHostsFile {global_file}\n  HostKeyAlias gpu-box.example\n")
+    options = sshd_server.options(known_hosts=None, config_path=str(config))
+    # StrictHostKeyChecking=no lets nothing in unasked; the accepted key goes to the config's UserKnownHostsFile.
+    conn = Connection("cfgbox", run_root=str(run_root), ssh_options=options)
+    with pytest.raises(UnknownHostKeyError) as unknown:
+        conn.connect()
+    assert unknown.value.known_hosts_path == str(user_file)
+    conn.accept_host_key(unknown.value)
+    assert user_file.read_text() == sshd_server.known_hosts_line()
+    conn.connect()
+    conn.close()
+    # HostKeyAlias: the key is known under the alias, with no port; the global file counts too.
+    aliased = Connection("aliased", run_root=str(run_root), ssh_options=options)
+    with pytest.raises(UnknownHostKeyError) as unknown:
+        aliased.connect()
+    assert unknown.value.host_id == "gpu-box.example"
+    global_file.write_text(f"gpu-box.example {key_type} {blob}\n")
+    aliased.connect()
+    assert aliased.ping()["t"] > 0
+    aliased.close()
+    # --known-hosts given explicitly wins over the config.
+    explicit = Connection("cfgbox", run_root=str(run_root),
+                          ssh_options=sshd_server.options(known_hosts=(str(tmp_path / "none"),),
+                                                          config_path=str(config)))
+    with pytest.raises(UnknownHostKeyError):
+        explicit.connect()
+
+
 def test_a_wrong_client_key_gives_a_clear_error(sshd_server: Sshd, run_root: Path, tmp_path: Path) -> None:
     stranger = keygen(tmp_path / "stranger_key")
     conn = Connection(sshd_server.spec, run_root=str(run_root),

@@ -101,3 +101,26 @@ def test_name_weights() -> None:
     assert name_weight("Worker_TP0") > name_weight("Worker") > name_weight("MainProcess")
     assert name_weight("Worker_PP1_TP3") == name_weight("VllmWorker-2") == name_weight("Worker_DP0_TP1_EP1")
     assert name_weight("EngineCore_DP0") > name_weight("EngineCore") == name_weight("Worker")
+
+
+def test_a_worker_is_known_by_its_global_rank_before_it_takes_its_tp_name() -> None:
+    # On two H200s the workers printed as plain "Worker" for 70 s of loading, saying "world_size=2 rank=R".
+    lines = read(FIXTURES / "gpu" / "runs" / "h200x2_tp2_ok" / "log").splitlines(keepends=True)
+    first_tp_name = next(i for i, line in enumerate(lines) if b"(Worker_TP" in line)
+    ranks = RankMap()
+    for line in lines[:first_tp_name]:
+        ranks.feed_log(line)
+    said = {int(pid): int(rank) for pid, rank in
+            re.findall(rb"\(Worker pid=(\d+)\)[^\n]*world_size=2 rank=(\d)", b"".join(lines[:first_tp_name]))}
+    assert sorted(said.values()) == [0, 1]
+    assert ranks.as_dict() == {pid: f"Worker rank={rank}" for pid, rank in said.items()}
+    for line in lines[first_tp_name:]:  # the TP name outweighs it once it comes
+        ranks.feed_log(line)
+    assert ranks.as_dict() == {pid: f"Worker_TP{rank}" for pid, rank in said.items()}
+    # Split anywhere, the same.
+    data = b"".join(lines[:first_tp_name])
+    for cut in range(0, len(data), 97):
+        split = RankMap()
+        split.feed_log(data[:cut])
+        split.feed_log(data[cut:])
+        assert split.as_dict() == ranks_from_log(data)

@@ -6,6 +6,10 @@ vLLM prefixes every line a worker prints with its process name and pid, for exam
 TP worker also prints as plain ``Worker``), so names that carry a rank win over names that do not, and among names of
 equal weight the latest one wins (a pid reused by a restarted job).
 
+Before a vLLM worker takes its rank name it prints as plain ``Worker``, but says its global rank in
+``(Worker pid=2444) INFO ... world_size=2 rank=1 local_rank=1``: that gives ``Worker rank=1`` for the minutes
+of loading before the first ``Worker_TP1`` line (seen on two H200s: 70 s).
+
 The pipeline can state the mapping itself with an event carrying ``pid`` and either ``rank`` (a label such as
 ``"Worker_TP0"``) or ``tp_rank`` (an integer, labelled ``Worker_TP<n>``); such an event outweighs any log line.
 """
@@ -17,11 +21,14 @@ from typing import Any, Iterable, Mapping
 
 _PREFIX = re.compile(rb"\((?P<name>[A-Za-z][A-Za-z0-9_.\-]{0,63}) pid=(?P<pid>\d{1,10})\)")
 _RANKED = re.compile(r"(?:_(?:TP|PP|DP|EP|PCP|DCP)\d+)|^VllmWorker-\d+$")
-# Bytes of a chunk kept for the next one, so that a prefix split across two chunks is still found.
-_CARRY = 96
+_GLOBAL_RANK = re.compile(rb"\((?P<name>Worker[A-Za-z0-9_]{0,32}) pid=(?P<pid>\d{1,10})\)[^\n]{0,200}?"
+                          rb"\bworld_size=\d+ rank=(?P<rank>\d+)")
+# Bytes of a chunk kept for the next one, so that a prefix (or a rank line) split across two chunks is still found.
+_CARRY = 320
 
-WEIGHT_EVENT = 4
-WEIGHT_RANKED = 3
+WEIGHT_EVENT = 5
+WEIGHT_RANKED = 4
+WEIGHT_GLOBAL_RANK = 3
 WEIGHT_WORKER = 2
 WEIGHT_OTHER = 1
 
@@ -74,6 +81,10 @@ class RankMap:
         data = self._tail + chunk
         for pid, name in iter_log_prefixes(data):
             self._offer(pid, name, name_weight(name))
+        if b"world_size=" in data:
+            for match in _GLOBAL_RANK.finditer(data):
+                name = match.group("name").decode("ascii", "replace")
+                self._offer(int(match.group("pid")), f"{name} rank={int(match.group('rank'))}", WEIGHT_GLOBAL_RANK)
         # Matches inside the kept tail are seen again next time; offering the same label twice is harmless.
         self._tail = data[-_CARRY:]
 

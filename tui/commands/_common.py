@@ -24,7 +24,8 @@ def add_connection_options(parser: argparse.ArgumentParser) -> None:
                      help="run root on the host (default: the host's $EAGLEWATCH_RUN_ROOT or ~/.eaglewatch/runs)")
     ssh.add_argument("--ssh-config", default="~/.ssh/config", help="OpenSSH client config (default: %(default)s)")
     ssh.add_argument("--known-hosts", action="append", default=None, metavar="FILE",
-                     help="known_hosts file; repeat for several (default: ~/.ssh/known_hosts and the system one)")
+                     help="known_hosts file; repeat for several (default: the host's UserKnownHostsFile and "
+                          "GlobalKnownHostsFile in the ssh config, else ~/.ssh/known_hosts and the system one)")
     ssh.add_argument("-i", "--identity", action="append", default=[], metavar="FILE", help="private key file")
     ssh.add_argument("--no-ssh-agent", action="store_true", help="do not use keys from ssh-agent")
     ssh.add_argument("--python", default=os.environ.get(REMOTE_PYTHON_ENV, "python3"),
@@ -35,11 +36,10 @@ def add_connection_options(parser: argparse.ArgumentParser) -> None:
 
 def ssh_options(args: argparse.Namespace) -> Any:
     from eaglewatch.tui.connection import SSHOptions
-    from eaglewatch.tui.connection.ssh import DEFAULT_KNOWN_HOSTS
 
     return SSHOptions(
         config_path=args.ssh_config,
-        known_hosts=tuple(args.known_hosts) if args.known_hosts else DEFAULT_KNOWN_HOSTS,
+        known_hosts=tuple(args.known_hosts) if args.known_hosts else None,
         identity_files=tuple(args.identity),
         use_ssh_agent=not args.no_ssh_agent,
         python=args.python,

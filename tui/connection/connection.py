@@ -100,7 +100,8 @@ class Connection:
 
     def accept_host_key(self, error: UnknownHostKeyError) -> str:
         """The operator accepted the key shown in error: record it in known_hosts."""
-        return accept_host_key(error, self.ssh_options.write_path)
+        # The error names the file for its host (the ssh config may name one); an explicit choice wins.
+        return accept_host_key(error, self.ssh_options.known_hosts_write)
 
     @property
     def agent_pid(self) -> int | None:

@@ -27,7 +27,8 @@ class SSHOptions:
     """Where to look for configuration and keys. The defaults are the operator's usual OpenSSH files."""
 
     config_path: str | None = DEFAULT_SSH_CONFIG
-    known_hosts: tuple[str, ...] = DEFAULT_KNOWN_HOSTS
+    # None: the files the ssh config names for the host (UserKnownHostsFile, GlobalKnownHostsFile), else the defaults.
+    known_hosts: tuple[str, ...] | None = None
     # Where an accepted host key is written (the first known_hosts file unless set).
     known_hosts_write: str | None = None
     identity_files: tuple[str, ...] = ()
@@ -39,16 +40,20 @@ class SSHOptions:
     agent_dir: str = ".eaglewatch/agent"
     extra: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def write_path(self) -> str:
-        return os.path.expanduser(self.known_hosts_write or self.known_hosts[0])
+    def known_hosts_for(self, endpoint: Endpoint) -> tuple[str, ...]:
+        if self.known_hosts is not None:
+            return self.known_hosts
+        return endpoint.known_hosts or DEFAULT_KNOWN_HOSTS
+
+    def write_path_for(self, endpoint: Endpoint) -> str:
+        return os.path.expanduser(self.known_hosts_write or self.known_hosts_for(endpoint)[0])
 
 
-def _host_keys(options: SSHOptions):
+def _host_keys(options: SSHOptions, endpoint: Endpoint):
     import paramiko
 
     keys = paramiko.HostKeys()
-    for path in options.known_hosts:
+    for path in options.known_hosts_for(endpoint):
         full = os.path.expanduser(path)
         if os.path.exists(full):
             try:
@@ -60,10 +65,10 @@ def _host_keys(options: SSHOptions):
 
 def verify_host_key(endpoint: Endpoint, key: Any, options: SSHOptions) -> None:
     """Raise UnknownHostKeyError or HostKeyChangedError unless known_hosts lists exactly this key."""
-    known = _host_keys(options).lookup(endpoint.host_id)
+    known = _host_keys(options, endpoint).lookup(endpoint.host_id)
     key_type = key.get_name()
     if not known:
-        raise UnknownHostKeyError(endpoint.host_id, key_type, key.fingerprint, key, options.write_path)
+        raise UnknownHostKeyError(endpoint.host_id, key_type, key.fingerprint, key, options.write_path_for(endpoint))
     recorded = known.get(key_type)
     if recorded is not None and recorded.asbytes() == key.asbytes():
         return
@@ -180,7 +185,7 @@ def _open_transport(endpoint: Endpoint, sock: Any, options: SSHOptions) -> Any:
     # every packet; with one packet per log write that check is most of the client's CPU.
     aead = [name for name in security.ciphers if name.endswith("-gcm@openssh.com")]
     security.ciphers = aead + [name for name in security.ciphers if name not in aead]
-    known = _host_keys(options).lookup(endpoint.host_id)
+    known = _host_keys(options, endpoint).lookup(endpoint.host_id)
     if known:
         # Ask for a key type we already hold for this host, so that a known host is checked, not re-asked.
         security = transport.get_security_options()

@@ -1,12 +1,16 @@
 """HOST as the operator writes it: ``local``, an ssh-config alias, or ``user@host[:port]``; resolved through
-``~/.ssh/config`` (HostName, User, Port, IdentityFile, ProxyJump)."""
+``~/.ssh/config`` (HostName, User, Port, IdentityFile, ProxyJump, UserKnownHostsFile, GlobalKnownHostsFile,
+HostKeyAlias).
+
+StrictHostKeyChecking is not read, on purpose: an unknown host key is refused until the operator accepts it,
+whatever the config says (``no`` and ``accept-new`` would trust a first contact blindly)."""
 
 from __future__ import annotations
 
 import getpass
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 LOCAL = "local"
 DEFAULT_SSH_CONFIG = "~/.ssh/config"
@@ -24,10 +28,15 @@ class Endpoint:
     user: str
     identity_files: tuple[str, ...] = ()
     jumps: tuple["Endpoint", ...] = field(default=())
+    # From the ssh config: UserKnownHostsFile then GlobalKnownHostsFile (empty when it sets neither), HostKeyAlias.
+    known_hosts: tuple[str, ...] = ()
+    host_key_alias: str | None = None
 
     @property
     def host_id(self) -> str:
-        """The name this host has in known_hosts (OpenSSH's form)."""
+        """The name this host has in known_hosts (OpenSSH's form; HostKeyAlias replaces it, port included)."""
+        if self.host_key_alias:
+            return self.host_key_alias
         return self.hostname if self.port == 22 else f"[{self.hostname}]:{self.port}"
 
     def __str__(self) -> str:
@@ -62,6 +71,7 @@ def resolve(spec: str, config_path: str | None = DEFAULT_SSH_CONFIG, _depth: int
     user = match["user"] or config.get("user") or getpass.getuser()
     port = int(match["port"] or config.get("port") or 22)
     identity = tuple(os.path.expanduser(path) for path in config.get("identityfile", []))
+    known_hosts = _known_hosts_files(config)
     jumps: tuple[Endpoint, ...] = ()
     proxy_jump = config.get("proxyjump")
     if proxy_jump and proxy_jump.lower() != "none":
@@ -73,7 +83,16 @@ def resolve(spec: str, config_path: str | None = DEFAULT_SSH_CONFIG, _depth: int
             resolved = resolve(hop, config_path, _depth + 1)
             # A hop's own ProxyJump comes before the hop itself.
             hops.extend(resolved.jumps)
-            hops.append(Endpoint(resolved.alias, resolved.hostname, resolved.port, resolved.user,
-                                 resolved.identity_files))
+            hops.append(replace(resolved, jumps=()))
         jumps = tuple(hops)
-    return Endpoint(alias, hostname, port, user, identity, jumps)
+    return Endpoint(alias, hostname, port, user, identity, jumps, known_hosts, config.get("hostkeyalias"))
+
+
+def _known_hosts_files(config: dict) -> tuple[str, ...]:
+    """The files the config names for this host's keys, user files first (where an accepted key is written)."""
+    user, system = config.get("userknownhostsfile"), config.get("globalknownhostsfile")
+    if not user and not system:
+        return ()
+    user_files = user.split() if user else ["~/.ssh/known_hosts"]
+    system_files = system.split() if system else ["/etc/ssh/ssh_known_hosts"]
+    return tuple(user_files + system_files)
