@@ -66,7 +66,7 @@ def _is_sshd(pid: int) -> bool:
 class Sshd:
     """One sshd with its own host key, client key, authorized_keys, known_hosts and ssh config."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, sftp: bool = True) -> None:
         self.dir = workdir
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = _free_port()
@@ -89,8 +89,9 @@ class Sshd:
             f"Port {self.port}\nListenAddress 127.0.0.1\nHostKey {self.host_key}\n"
             f"AuthorizedKeysFile {self.authorized_keys}\nStrictModes no\nPidFile none\nUsePAM no\n"
             "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPubkeyAuthentication yes\n"
-            "PermitRootLogin prohibit-password\nAllowTcpForwarding yes\nSubsystem sftp internal-sftp\n"
-            "MaxStartups 100\nMaxSessions 50\nLogLevel INFO\n"
+            "PermitRootLogin prohibit-password\nAllowTcpForwarding yes\n"
+            + ("Subsystem sftp internal-sftp\n" if sftp else "")
+            + "MaxStartups 100\nMaxSessions 50\nLogLevel INFO\n"
         )
         self.proc: subprocess.Popen | None = None
 

@@ -24,6 +24,7 @@ from agent_support import (  # noqa: F401  (run_root: fixture)
 )
 from eaglewatch.pipeline.agent import procs
 from eaglewatch.pipeline.agent.rundir import RunDir
+from eaglewatch.tui.connection import bundle
 from eaglewatch.tui.connection import (
     AgentStartError,
     AuthenticationFailed,
@@ -31,7 +32,7 @@ from eaglewatch.tui.connection import (
     HostKeyChangedError,
     UnknownHostKeyError,
 )
-from sshd import Sshd, keygen, sshd_server  # noqa: F401  (sshd_server: fixture)
+from sshd import Sshd, keygen, require_sshd, sshd_server  # noqa: F401  (sshd_server: fixture)
 
 pytestmark = pytest.mark.ssh
 
@@ -310,3 +311,21 @@ def test_cli_launch_runs_stop_restart_over_ssh(sshd_server: Sshd, run_root: Path
     assert stopped.returncode == 0 and new_id.encode() in stopped.stdout
     missing = cli(sshd_server, run_root, "stop", "testhost", "no such run")
     assert missing.returncode == 2 and b"no run 'no such run'" in missing.stderr
+
+
+def test_a_host_without_sftp_gets_the_agent_through_the_shell(tmp_path: Path, run_root: Path) -> None:
+    require_sshd()
+    server = Sshd(tmp_path / "sshd-no-sftp", sftp=False)
+    server.start()
+    agent_dir = tmp_path / "agent dir" / "with 'quotes' $HOME"
+    try:
+        with connect(server, run_root, agent_dir=str(agent_dir)) as conn:
+            summary = conn.launch(["sh", "-c", "echo over the shell"])
+            got = collect(conn.watch(summary["run"]))
+            assert bytes(got.log) == b"over the shell\n"
+    finally:
+        server.stop()
+    installed = list(agent_dir.iterdir())
+    assert [path.name for path in installed] == [bundle.file_name()]  # renamed into place, no partial left
+    assert installed[0].read_bytes() == bundle.build()[0]
+    assert "subsystem request for sftp" in server.log.read_text().lower()

@@ -120,7 +120,10 @@ class LocalLink:
 
 
 class AgentUploader:
-    """Puts the agent zipapp on the host over SFTP, once per content hash, atomically (upload then rename)."""
+    """Puts the agent zipapp on the host over SFTP, once per content hash, atomically (upload then rename).
+
+    Hosts that refuse the SFTP subsystem get it through ``cat`` on an exec channel instead (the same atomic rename).
+    """
 
     def __init__(self) -> None:
         self._known: dict[str, str] = {}  # endpoint -> remote path known to be in place
@@ -138,7 +141,9 @@ class AgentUploader:
         try:
             sftp = paramiko.SFTPClient.from_transport(chain.transport)
         except (paramiko.SSHException, EOFError, OSError) as exc:
-            raise ConnectionFailed(f"cannot open SFTP on {endpoint} to install the agent: {exc}") from None
+            remote = self._upload_without_sftp(chain, endpoint, options, data, exc)
+            self._known[key] = remote
+            return remote
         try:
             home = sftp.normalize(".")
             folder = options.agent_dir if options.agent_dir.startswith("/") else posixpath.join(home, options.agent_dir)
@@ -162,6 +167,39 @@ class AgentUploader:
             sftp.close()
         self._known[key] = remote
         return remote
+
+    @staticmethod
+    def _upload_without_sftp(chain: SSHChain, endpoint: Endpoint, options: SSHOptions, data: bytes,
+                             sftp_error: BaseException) -> str:
+        """``cat`` into a partial file, then rename; the script prints the folder's absolute path."""
+        name = bundle.file_name()
+        partial = f"{name}.part-{secrets.token_hex(4)}"
+        script = ('umask 077 && mkdir -p -- "$1" && cd -- "$1" && cat > "$2" && chmod 644 "$2" '
+                  '&& mv -f -- "$2" "$3" && pwd')
+        command = remote_command(["sh", "-c", script, "sh", options.agent_dir, partial, name])
+        try:
+            channel = chain.transport.open_session(timeout=10)
+            channel.settimeout(max(30.0, options.connect_timeout_s))
+            channel.exec_command(command)
+            channel.sendall(data)
+            channel.shutdown_write()
+            out = bytearray()
+            while True:
+                chunk = channel.recv(65536)
+                if not chunk:
+                    break
+                out += chunk
+            status = channel.recv_exit_status()
+            err = channel.recv_stderr(4096).decode("utf-8", "replace").strip() if channel.recv_stderr_ready() else ""
+            channel.close()
+        except Exception as exc:
+            raise ConnectionFailed(f"cannot install the agent on {endpoint}: SFTP refused ({sftp_error}), and "
+                                   f"the upload through the shell failed: {exc}") from None
+        folder = out.decode("utf-8", "replace").strip()
+        if status != 0 or not folder.startswith("/"):
+            raise ConnectionFailed(f"cannot install the agent on {endpoint}: SFTP refused ({sftp_error}), and "
+                                   f"the upload through the shell exited with {status}" + (f": {err}" if err else ""))
+        return posixpath.join(folder, name)
 
     @staticmethod
     def _mkdirs(sftp: Any, folder: str) -> None:
