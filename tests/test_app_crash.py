@@ -29,7 +29,7 @@ def test_demo_fault_shows_the_worker_assert_as_root_cause(run_root, tmp_path):
 
     async def scenario():
         async with app.run_test(size=(80, 24), notifications=True) as pilot:
-            screen = await wait_until(pilot, lambda: run_screen(app), 30, what="run screen")
+            screen = await wait_until(pilot, lambda: run_screen(app), 60, what="run screen")
             await wait_until(pilot, lambda: screen.model.snapshot().failures, 240, step_s=0.5,
                              what="a decoded failure")
             await wait_until(pilot, lambda: screen.model.snapshot().exit_text, 120, what="the run's end")

@@ -33,7 +33,7 @@ def launch_app(run_root, argv=TICKER, **kwargs):
 
 
 async def open_screen(pilot, app):
-    screen = await wait_until(pilot, lambda: run_screen(app), 30, what="run screen")
+    screen = await wait_until(pilot, lambda: run_screen(app), 60, what="run screen")
     await wait_until(pilot, lambda: screen.model.snapshot().log_last_seq > 3, 30, what="first lines")
     return screen
 
@@ -89,7 +89,7 @@ def test_detach_leaves_the_job_running_and_reattach_rebuilds_the_view(tiny_llama
 
     async def first():
         async with app.run_test(size=(100, 30)) as pilot:
-            screen = await wait_until(pilot, lambda: run_screen(app), 30, what="run screen")
+            screen = await wait_until(pilot, lambda: run_screen(app), 60, what="run screen")
             await wait_until(pilot, lambda: screen.model.snapshot().phases_seen, 60, what="first phase")
             await pilot.press("q")
             await wait_until(pilot, lambda: app.return_value is not None, 10, what="exit")

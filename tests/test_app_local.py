@@ -37,7 +37,7 @@ def test_local_run_goes_through_loading_and_extraction_to_done(tiny_llama, prepa
 
     async def scenario():
         async with app.run_test(size=(120, 40)) as pilot:
-            screen = await wait_until(pilot, lambda: run_screen(app), 30, what="run screen")
+            screen = await wait_until(pilot, lambda: run_screen(app), 60, what="run screen")
             started = time.monotonic()
             await wait_until(pilot, lambda: screen.model.snapshot().exit_text is not None, 90, what="run end")
             await pilot.pause(0.3)

@@ -133,17 +133,18 @@ def _note(run: RunDir, message: str) -> None:
 def clear_leftovers(run: RunDir, pgid: int, grace_s: float) -> dict | None:
     """End what is left of the run after its main process exited; None when nothing was left."""
     targets = RunTargets(run.run_id, pgid)
-    if not targets.count or wait_until(lambda: not targets.remaining(), min(_SETTLE_S, grace_s), 0.05):
+    if not targets.count or wait_until(lambda: not targets.remaining(), min(_SETTLE_S, grace_s), 0.1):
         return None
     pids = targets.remaining()
     _note(run, f"{len(pids)} process(es) of the run outlived its main process (pids {' '.join(map(str, pids[:8]))}); "
                f"SIGTERM in {grace_s:g} s unless they end")
     ended_by = None
-    if not wait_until(lambda: not targets.remaining(), grace_s, 0.1):
+    # Each look reads /proc: twice a second is plenty while waiting on processes that may never end.
+    if not wait_until(lambda: not targets.remaining(), grace_s, 0.5):
         for signum in (signal.SIGTERM, signal.SIGKILL):
             targets.send(signum)
             ended_by = signal.Signals(signum).name
-            if wait_until(lambda: not targets.remaining(), grace_s if signum == signal.SIGTERM else 10.0, 0.05):
+            if wait_until(lambda: not targets.remaining(), grace_s if signum == signal.SIGTERM else 10.0, 0.25):
                 break
     left = targets.remaining()
     if left:
