@@ -63,7 +63,9 @@ OP_UNWATCH = "unwatch"  # {run} -> {}
 OP_STOP = "stop"  # {run, grace_s} -> summary once every process of the run is gone
 OP_RESTART = "restart"  # {run, argv?, grace_s, gpu_timeout_s} -> {old: summary, new: summary}
 OP_TELEMETRY = "telemetry"  # {interval_s} (0 stops) -> {available, reason}
-OPS = (OP_PING, OP_RUNS, OP_STATUS, OP_LAUNCH, OP_WATCH, OP_UNWATCH, OP_STOP, OP_RESTART, OP_TELEMETRY)
+OP_GPU_HISTORY = "gpu_history"  # {run, limit} -> {samples: [{t, gpus: [{index, mem_used, mem_total, util_gpu}]}]}
+OPS = (OP_PING, OP_RUNS, OP_STATUS, OP_LAUNCH, OP_WATCH, OP_UNWATCH, OP_STOP, OP_RESTART, OP_TELEMETRY,
+       OP_GPU_HISTORY)
 
 # Job states (MSG_JOB "state", summary "state").
 JOB_STARTING = "starting"  # cmd.json written, the job's pid not yet recorded

@@ -324,3 +324,26 @@ def test_attach_prints_raw_bytes_or_the_decoded_view(run_root: Path) -> None:
                              capture_output=True, text=True, timeout=60)
     assert decoded.returncode == 1
     assert "Root cause: RuntimeError: pin_memory=True" in decoded.stdout
+
+
+def test_a_runs_recorded_gpu_history_is_served_and_none_is_recorded_without_nvml(local: Connection,
+                                                                                 run_root: Path) -> None:
+    from telemetry_replay import ReplayNvml, raw_readings
+
+    from eaglewatch.pipeline.telemetry.history import HISTORY_FILE, HistoryRecorder
+    from eaglewatch.pipeline.telemetry.nvml import NvmlSource
+
+    summary = local.launch(["sh", "-c", "echo done"])
+    run = RunDir(run_root / summary["run"])
+    wait_for(lambda: run.exit_info(), timeout_s=10)
+    wait_for(lambda: not jobs.supervisor_alive(run), timeout_s=10)
+    # No NVIDIA driver on this machine: the supervisor records nothing, and the job is none the worse.
+    assert not (run.path / HISTORY_FILE).exists() and run.exit_info()["code"] == 0
+    assert local.gpu_history(summary["run"]) == []
+    # What a supervisor on a GPU host leaves behind is served oldest first, at most `limit` samples.
+    recorder = HistoryRecorder(run.path, source=NvmlSource(module=ReplayNvml(raw_readings("h200x2_raw.jsonl"))))
+    for _ in range(5):
+        recorder.record()
+    served = local.gpu_history(summary["run"], limit=3)
+    lines = [json.loads(line) for line in (run.path / HISTORY_FILE).read_text().splitlines()]
+    assert served == lines[-3:]

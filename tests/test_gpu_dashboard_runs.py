@@ -1,14 +1,19 @@
-"""The dashboard's model on two runs recorded on two H200s by bench/gpu_dashboard_run.sh, while the real dashboard
-watched them in tmux (its screens: assets/screenshots/h200/).
+"""The dashboard's model on runs recorded on H200s (run directories as the agent wrote them, in
+tests/fixtures/gpu/runs/; paths rewritten as in test_gpu_fixtures.py).
 
-Each fixture in tests/fixtures/gpu/runs/ is a run directory as the agent wrote it (cmd.json, log, events.jsonl,
-exit.json) plus the extraction's manifest; vLLM 0.26.0, a 1.0 B random Llama in bf16, 9 shards, 1,024 samples of
-1,024 tokens, layers 2 8 13 16, ``--tp-size 2`` (paths rewritten as in test_gpu_fixtures.py):
+By bench/gpu_dashboard_run.sh, while the real dashboard watched them in tmux (its screens: assets/screenshots/h200/):
+vLLM 0.26.0, a 1.0 B random Llama in bf16, 9 shards, 1,024 samples of 1,024 tokens, layers 2 8 13 16,
+``--tp-size 2`` on two H200s, each with the extraction's manifest:
 
 * ``h200x2_tp2_ok``: the run to the end;
 * ``h200x2_tp2_fault``: the writing worker fails a bare ``assert`` after 200 samples, with vLLM's engine core in its
   own process. The main process exits; the TP1 worker, stuck in a collective, keeps 137.5 GB of GPU 1 and ignores
   SIGTERM: the supervisor ends it with SIGKILL (exit.json's ``leftovers``).
+
+By bench/gpu_history_run.sh, on one H200 without vLLM:
+
+* ``h200_history``: a job that holds 8, then 24 GiB and leaves a child holding 4 GiB behind; its supervisor's GPU
+  history, one line a second, and what the agent's ``gpu_history`` op served of it.
 """
 
 from __future__ import annotations
@@ -17,9 +22,11 @@ import json
 from pathlib import Path
 
 from eaglewatch import protocol as p
-from eaglewatch.tui.runstate import RunModel
+from eaglewatch.pipeline.telemetry.history import read_recent
+from eaglewatch.tui.runstate import RunModel, Thresholds
 
 RUNS = Path(__file__).parent / "fixtures" / "gpu" / "runs"
+TELEMETRY = Path(__file__).parent / "fixtures" / "telemetry"
 
 
 def replay(name: str) -> tuple[RunModel, Path]:
@@ -72,3 +79,24 @@ def test_the_tp2_worker_assert_comes_first_and_the_leftover_worker_is_reported()
         f"2 process(es) of the run outlived its main process (pids {pids}); SIGTERM in 15 s unless they end",
         "the leftover processes ended after SIGKILL",
     ]
+
+
+def test_the_gpu_history_a_supervisor_kept_on_an_h200_reaches_the_sparklines():
+    # bench/gpu_history_run.sh: 8 GiB, then 24 GiB, a child with 4 GiB more that outlives the main process, the
+    # supervisor's SIGTERM after 3 s, one history line a second.
+    run = RUNS / "h200_history"
+    recorded = read_recent(run, 60)
+    assert recorded == json.loads((run / "served.json").read_text())  # what the agent served on the H200
+    gib = [sample["gpus"][0]["mem_used"] / 2**30 for sample in recorded]
+    exit_record = json.loads((run / "exit.json").read_text())
+    leftovers = exit_record["leftovers"]
+    after_exit = [g for sample, g in zip(recorded, gib) if sample["t"] > exit_record["ended_at"]]
+    assert after_exit[0] > 4 and after_exit[-1] < 0.1  # the child's memory, then none once it was ended
+    assert recorded[-1]["t"] > leftovers["cleared_at"] and leftovers["ended_by"] == "SIGTERM"
+    model = RunModel("local", {"run": "r", "state": "exited"}, Thresholds(gpu_history=60))
+    live = json.loads((TELEMETRY / "h200_stream.jsonl").read_text().splitlines()[-1])
+    model.feed_telemetry(live)
+    model.feed_gpu_history(recorded)
+    history = model.snapshot().gpus[0].mem_history
+    total = recorded[0]["gpus"][0]["mem_total"]
+    assert list(history[:-1]) == [g * 2**30 / total for g in gib] and len(history) == len(recorded) + 1

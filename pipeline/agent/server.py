@@ -413,6 +413,16 @@ class Server:
         )
         return {"old": old, "new": jobs.run_summary(new)}
 
+    def op_gpu_history(self, args: dict[str, Any]) -> Any:
+        """The last samples the run's supervisor recorded (none without NVML or the telemetry package)."""
+        run = find_run(self.root, args["run"])
+        limit = max(0, min(int(args.get("limit") or 60), 1000))
+        try:
+            from eaglewatch.pipeline.telemetry.history import read_recent
+        except Exception:
+            return {"samples": []}
+        return {"samples": read_recent(run.path, limit)}
+
     def op_telemetry(self, args: dict[str, Any]) -> Any:
         interval = float(args.get("interval_s") or 0)
         if self.telemetry is not None:

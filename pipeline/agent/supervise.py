@@ -32,6 +32,7 @@ from eaglewatch.pipeline.agent.rundir import (
 
 EVENTS_FILE_ENV = "EAGLEWATCH_EVENTS_FILE"
 RUN_DIR_ENV = "EAGLEWATCH_RUN_DIR"
+GPU_HISTORY_ENV = "EAGLEWATCH_GPU_HISTORY_S"  # seconds between GPU history lines; 0 turns the recorder off
 LEFTOVER_GRACE_ENV = "EAGLEWATCH_LEFTOVER_GRACE_S"
 LEFTOVER_GRACE_S = 15.0  # after the main process's exit, before SIGTERM; again before SIGKILL
 _SETTLE_S = 2.0  # helpers that end right after the main process (multiprocessing's resource tracker) are no news
@@ -97,22 +98,42 @@ def supervise(run_dir: Path) -> int:
         os.close(log_fd)
     write_text_atomic(run.path / PID_FILE, f"{child.pid}\n")
     write_text_atomic(run.path / PGID_FILE, f"{child.pid}\n")
+    history = _start_gpu_history(run)
     _, status = os.waitpid(child.pid, 0)
     record = _exit_record(status)
     record["ended_at"] = time.time()
     record["recorded_by"] = "supervisor"
     write_json_atomic(run.exit_path, record)
-    leftovers = clear_leftovers(run, child.pid, _grace_s())
+    leftovers = clear_leftovers(run, child.pid, _env_seconds(LEFTOVER_GRACE_ENV, LEFTOVER_GRACE_S))
     if leftovers is not None:
         write_json_atomic(run.exit_path, {**record, "leftovers": leftovers})
+    if history is not None:
+        history.finish()  # a last line: the memory the run held, released (or not)
     return 0
 
 
-def _grace_s() -> float:
+def _env_seconds(name: str, default: float) -> float:
     try:
-        return max(0.0, float(os.environ.get(LEFTOVER_GRACE_ENV, LEFTOVER_GRACE_S)))
+        return max(0.0, float(os.environ.get(name, default)))
     except ValueError:
-        return LEFTOVER_GRACE_S
+        return default
+
+
+def _start_gpu_history(run: RunDir):
+    """The run's GPU history recorder (pipeline/telemetry/history.py), when NVML answers; else None."""
+    interval = _env_seconds(GPU_HISTORY_ENV, 5.0)
+    if interval <= 0:
+        return None
+    try:
+        from eaglewatch.pipeline.telemetry.history import HistoryRecorder
+
+        recorder = HistoryRecorder(run.path, interval)
+        if not recorder.available():
+            return None
+        recorder.start()
+        return recorder
+    except Exception:  # no telemetry package or no NVML: the job runs the same without a history
+        return None
 
 
 def _note(run: RunDir, message: str) -> None:

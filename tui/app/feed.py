@@ -111,6 +111,11 @@ def follow_run(
     if telemetry:
         drain(connection.host_items)  # samples taken while no run was watched are stale
         try:
+            # What the run's GPUs did while nobody watched: the sparklines start full on a reattach.
+            model.feed_gpu_history(connection.gpu_history(summary["run"], model.thresholds.gpu_history))
+        except Exception:  # an agent from before the history, or none recorded: live samples fill them
+            pass
+        try:
             connection.telemetry(TELEMETRY_INTERVAL_S)
         except Exception as exc:  # an agent without telemetry still streams the run
             from eaglewatch.tui.connection import Notice

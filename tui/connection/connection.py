@@ -316,6 +316,10 @@ class Connection:
             args["argv"] = list(argv)
         return self.request(p.OP_RESTART, **args)
 
+    def gpu_history(self, run: str, limit: int = 60) -> list[dict[str, Any]]:
+        """The run's recorded GPU samples, oldest first (kept on the host by its supervisor)."""
+        return list(self.request(p.OP_GPU_HISTORY, run=run, limit=limit).get("samples") or [])
+
     def telemetry(self, interval_s: float) -> dict[str, Any]:
         """Start (interval_s > 0) or stop telemetry; samples arrive as Telemetry items on host_items."""
         self._telemetry_interval_s = interval_s

@@ -286,6 +286,27 @@ class RunModel:
             self._changed()
             self._check()
 
+    def feed_gpu_history(self, samples: Iterable[dict[str, Any]]) -> None:
+        """Samples the host recorded before this dashboard attached (oldest first): they go before any live ones
+        in the sparklines' history."""
+        with self.lock:
+            older_mem: dict[int, list[float]] = {}
+            older_util: dict[int, list[float]] = {}
+            for sample in samples:
+                for gpu in sample.get("gpus") or []:
+                    index = _int(gpu.get("index"))
+                    if index is None:
+                        continue
+                    used, total = _float(gpu.get("mem_used")), _float(gpu.get("mem_total"))
+                    older_mem.setdefault(index, []).append(used / total if used is not None and total else 0.0)
+                    older_util.setdefault(index, []).append(_float(gpu.get("util_gpu")) or 0.0)
+            history = self.thresholds.gpu_history
+            for index, values in older_mem.items():
+                self._gpu_mem[index] = deque(values + list(self._gpu_mem.get(index, ())), maxlen=history)
+                self._gpu_util[index] = deque(older_util[index] + list(self._gpu_util.get(index, ())), maxlen=history)
+            if older_mem:
+                self._changed()
+
     def feed_disk(self, free: int, total: int) -> None:
         """Free space of the output disk, measured by the caller (for a local run, where telemetry has none)."""
         with self.lock:
