@@ -60,7 +60,7 @@ def test_stop_asks_first_then_stops_the_job(run_root):
             view = screen.model.snapshot()
             assert view.exit_text == "killed by SIGTERM" and view.phase == "failed"
             assert status(run_root, screen.run_id)["state"] == "exited"
-            assert "killed by SIGTERM" in screen_text(app)
+            await wait_until(pilot, lambda: "killed by SIGTERM" in screen_text(app), 10, what="the painted end")
 
     asyncio.run(scenario())
 
@@ -114,7 +114,8 @@ def test_detach_leaves_the_job_running_and_reattach_rebuilds_the_view(tiny_llama
             assert view.run == run and view.phases_seen == ("validating", "loading", "extracting", "done")
             assert (view.extraction.done, view.extraction.total) == (64, 64)
             assert any(bar.desc == "Loading weights" and bar.done for bar in view.load)
-            assert "64/64" in screen_text(again)
+            # The screen repaints at its own pace after the model moved: wait for the painted figure.
+            await wait_until(pilot, lambda: "64/64" in screen_text(again), 10, what="the painted view")
 
     asyncio.run(second())
 

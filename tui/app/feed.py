@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import queue
 import shutil
+import threading
 import time
 from typing import Any, Callable, Optional
 
@@ -122,8 +123,19 @@ def follow_run(
 
             model.feed_items([Notice(None, f"no telemetry: {exc}")])
     pending: "queue.Queue[list[Any]]" = queue.Queue(maxsize=MAX_PENDING_BATCHES)
+    # Until the agent has answered the watch request, batches are kept aside without a bound: this thread is
+    # waiting for that answer, and the reader thread that must deliver it would otherwise wait on a full queue
+    # that nobody empties (a run with a long log and many events hung that way on reattach).
+    early: list[list[Any]] = []
+    early_lock = threading.Lock()
+    subscribed = threading.Event()
 
     def hand_off(batch: list[Any]) -> None:  # on the connection's reader thread
+        if not subscribed.is_set():
+            with early_lock:
+                if not subscribed.is_set():
+                    early.append(batch)
+                    return
         while True:
             try:
                 pending.put(batch, timeout=POLL_S)
@@ -133,9 +145,15 @@ def follow_run(
                     return
 
     watch = connection.watch(summary["run"], callback=hand_off)
+    with early_lock:
+        subscribed.set()
+        first = [item for batch in early for item in batch]
+        early.clear()
     finished = False
     last_tick = last_disk = 0.0
     try:
+        if first:
+            feed_sliced(model, first, cancelled)
         while not cancelled():
             try:
                 batch = pending.get(timeout=POLL_S)
