@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -141,3 +142,64 @@ def test_a_consumer_callback_that_raises_stops_its_watch_not_the_link() -> None:
     watch.on_log(0, b"line\n")
     watch.deliver()  # must not raise into the connection's reader thread
     assert isinstance(watch.error, RuntimeError) and watch.cancelled.is_set() and watch.finished.is_set()
+
+
+FAKE_AGENT = """#!/bin/sh
+printf '{"v":1,"type":"hello"}\\n'
+sleep 30 2>/dev/null &
+echo $! > "$(dirname "$0")/sleeper.pid"
+cat > /dev/null
+"""
+
+
+def test_a_closed_local_link_cannot_read_the_next_pipe_that_takes_its_fd_number(tmp_path) -> None:
+    # recv waits in select() on the raw fd. If close freed that number while a reader sat there, the next pipe
+    # opened in this process (the next local agent's) could get it, and the stale reader would steal its greeting.
+    # The fake agent leaves a sleeper holding its stdout, so no end-of-file wakes the reader first.
+    import signal
+    import threading
+    import time
+
+    from eaglewatch.tui.connection.links import TIMEOUT, LocalLink
+
+    fake = tmp_path / "fake-agent"
+    fake.write_text(FAKE_AGENT)
+    fake.chmod(0o755)
+    link = LocalLink(str(tmp_path / "runs"), python=str(fake))
+    pipes: list[int] = []
+    try:
+        assert b"hello" in link.recv(10.0)
+        old_fd = link._proc.stdout.fileno()
+        stolen: list[bytes] = []
+
+        def reader() -> None:
+            while True:
+                data = link.recv(1.0)
+                if data == b"":
+                    return
+                if data is not TIMEOUT:
+                    stolen.append(data)
+
+        thread = threading.Thread(target=reader, daemon=True)
+        thread.start()
+        time.sleep(0.2)  # the reader is inside select() now
+        link.close()
+        for _ in range(10):  # a new pipe whose read end has the old number
+            read_end, write_end = os.pipe()
+            pipes += [read_end, write_end]
+            if read_end == old_fd:
+                break
+        assert read_end == old_fd, "the old number was not reused; the test cannot tell"
+        os.write(write_end, b"the next agent's greeting\n")
+        thread.join(3.0)
+        assert not thread.is_alive() and stolen == []
+        assert os.read(read_end, 100) == b"the next agent's greeting\n"
+    finally:
+        for fd in pipes:
+            os.close(fd)
+        sleeper = tmp_path / "sleeper.pid"
+        if sleeper.exists():
+            try:
+                os.kill(int(sleeper.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass

@@ -44,7 +44,11 @@ class Output:
             if self.broken.is_set():
                 return
             try:
-                self._stream.write(data)
+                # The stream is unbuffered: a write into a nearly full pipe can be cut short (a signal, such as a
+                # job's SIGCHLD, after part of it went through); the rest must follow, or the line is torn.
+                view = memoryview(data)
+                while view:
+                    view = view[self._stream.write(view):]
                 self._stream.flush()
             except (OSError, ValueError):
                 self.broken.set()

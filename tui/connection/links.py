@@ -66,6 +66,11 @@ class LocalLink:
         self._stderr_thread = threading.Thread(target=self._drain_stderr, daemon=True, name="eaglewatch-local-stderr")
         self._stderr_thread.start()
         self._send_lock = threading.Lock()
+        # recv works on the raw fd. Closing it while a reader waits in select() would let the number be reused by
+        # the next pipe this process opens (the next local agent's), and the stale reader would steal its
+        # greeting or a reply: so close and a whole recv never overlap.
+        self._recv_lock = threading.Lock()
+        self._closed = False
 
     @property
     def pid(self) -> int:
@@ -84,14 +89,17 @@ class LocalLink:
             self._proc.stdin.flush()
 
     def recv(self, timeout: float) -> bytes | object:
-        try:
-            fd = self._proc.stdout.fileno()  # type: ignore[union-attr]
-            ready, _, _ = select.select([fd], [], [], timeout)
-            if not ready:
-                return TIMEOUT
-            return os.read(fd, 65536)
-        except (OSError, ValueError):  # closed under us by close()
-            return b""
+        with self._recv_lock:
+            if self._closed:
+                return b""
+            try:
+                fd = self._proc.stdout.fileno()  # type: ignore[union-attr]
+                ready, _, _ = select.select([fd], [], [], timeout)
+                if not ready:
+                    return TIMEOUT
+                return os.read(fd, 65536)
+            except (OSError, ValueError):
+                return b""
 
     def transport_alive(self) -> bool:
         return True
@@ -111,6 +119,8 @@ class LocalLink:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+        with self._recv_lock:  # waits out a recv in progress (at most its timeout)
+            self._closed = True
         for stream in (self._proc.stdout, self._proc.stderr):
             try:
                 if stream is not None:
