@@ -63,6 +63,7 @@ class Connection:
         self._cond = threading.Condition()
         self._dispatch = threading.RLock()
         self._closed = threading.Event()
+        self._jitter = random.Random()  # its own: reconnect timing must not draw on (or disturb) the global one
         self._thread: threading.Thread | None = None
 
     # --- life cycle ----------------------------------------------------------------------------------
@@ -160,7 +161,7 @@ class Connection:
                 return
             if attempt:
                 delay = min(self.backoff_max_s, self.backoff_initial_s * 2 ** (attempt - 1))
-                if self._closed.wait(delay * random.uniform(0.8, 1.2)):
+                if self._closed.wait(delay * self._jitter.uniform(0.8, 1.2)):
                     return
             attempt += 1
             with self._cond:
