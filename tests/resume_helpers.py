@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,3 +39,18 @@ def kill_part_way(args: list[str], out: Path, after_samples: int, extra_delay_s:
             pass
         proc.wait()
     return len(list(out.glob("hs_*.safetensors")))
+
+
+def kill_mid_run(args: list[str], out: Path, rng: random.Random, total: int, upper: int, attempts: int = 3) -> int:
+    """kill_part_way at a random point below ``upper`` samples; when the run finished before the kill landed (a
+    tiny model writes its last batches within the poll interval), start over with a lower point. Returns how many
+    sample files the killed run left (0 < left < total unless every attempt overshot)."""
+    left = total
+    for _ in range(attempts):
+        if out.exists():
+            shutil.rmtree(out)
+        left = kill_part_way(args, out, after_samples=rng.randint(1, upper), extra_delay_s=rng.random() * 0.05)
+        if left < total:
+            return left
+        upper = max(1, upper // 2)
+    return left

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from conftest import file_bytes, read_events, run_cli
 from eaglewatch.pipeline.prepared_data import iter_prepared
-from resume_helpers import kill_part_way
+from resume_helpers import kill_mid_run
 
 
 def hf_args(model, data, out, *extra):
@@ -84,7 +84,7 @@ def test_kill_9_then_resume_is_bit_identical(tmp_path, tiny_llama, prepared_data
     rng = random.Random()
     out = tmp_path / "out"
     args = hf_args(tiny_llama, prepared_data, out, "--batch-size", "8")
-    left = kill_part_way(args, out, after_samples=rng.randint(1, 40), extra_delay_s=rng.random() * 0.05)
+    left = kill_mid_run(args, out, rng, total=64, upper=40)
     assert 0 < left < 64
     resumed = run_cli(*args)
     assert resumed.returncode == 0, resumed.stderr

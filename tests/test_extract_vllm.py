@@ -11,7 +11,7 @@ import random
 import pytest
 
 from conftest import file_bytes, load_outputs, read_events, run_cli
-from resume_helpers import kill_part_way
+from resume_helpers import kill_mid_run
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 pytest.importorskip("vllm")
@@ -79,7 +79,7 @@ def test_kill_9_during_extraction_then_resume_is_bit_identical(tiny_llama, prepa
     rng = random.Random()
     out = tmp_path / "killed"
     args = no_preflight(*vllm_args(tiny_llama, prepared_data, out))
-    left = kill_part_way(args, out, after_samples=rng.randint(1, 48), extra_delay_s=rng.random() * 0.05)
+    left = kill_mid_run(args, out, rng, total=64, upper=48)
     assert 0 < left < 64
     resumed = run_cli(*args)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
