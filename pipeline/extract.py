@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from eaglewatch import protocol
 from eaglewatch.errors import UserError

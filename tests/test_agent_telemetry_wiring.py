@@ -17,8 +17,8 @@ def test_ranks_and_output_dir_come_from_the_running_job(tmp_path):
     root = tmp_path / "runs"
     out = tmp_path / "hidden states"
     try:
-        run = jobs.launch(root, [sys.executable, "-c", WORKER, "--output-dir", str(out)], cwd=str(tmp_path),
-                          env={}, name="ranks")
+        jobs.launch(root, [sys.executable, "-c", WORKER, "--output-dir", str(out)], cwd=str(tmp_path),
+                    env={}, name="ranks")
         ranks = RunRanks(root)
         mapping = wait_for(lambda: ranks(), timeout_s=15)
         (pid, label), = mapping.items()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import shutil
 
 import pytest
-import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import run_cli

@@ -150,7 +150,6 @@ class RunTargets:
         self.group_is_ours = bool(group & set(pids))
         self.escaped = [pid for pid in pids if pid not in group]
         self.run_id = run_id
-        self.pids = pids
         self.count = len(pids)
 
     def remaining(self) -> list[int]:
