@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from eaglewatch.tui.app.app import DashboardApp
 
 REFRESH_S = 2.0
+COLUMNS = ("run", "state", "result", "started", "name", "command")
 
 
 def result_of(summary: dict[str, Any]) -> str:
@@ -47,7 +48,7 @@ class RunsScreen(Screen):
     def compose(self) -> ComposeResult:
         yield Static(f" runs on {self.dash.host} · Enter attaches · q quits", id="runs-title")
         table: DataTable = DataTable(id="runs", cursor_type="row", zebra_stripes=True)
-        table.add_columns("run", "state", "result", "started", "name", "command")
+        table.add_columns(*COLUMNS)
         yield table
         yield Footer()
 
@@ -78,12 +79,19 @@ class RunsScreen(Screen):
         cursor = table.cursor_row
         selected = self.runs[cursor]["run"] if 0 <= cursor < len(self.runs) else None
         self.runs = runs
-        table.clear()
+        rows = []
         for summary in runs:
             started = time.strftime("%m-%d %H:%M", time.localtime(summary.get("started_at") or 0))
             result = result_of(summary) + (" (restart)" if summary.get("restart_of") else "")
-            table.add_row(summary["run"], summary.get("state") or "", result, started, summary.get("name") or "",
-                          shlex.join(summary.get("argv") or [])[:80], key=summary["run"])
+            rows.append((summary["run"], summary.get("state") or "", result, started, summary.get("name") or "",
+                         shlex.join(summary.get("argv") or [])[:80]))
+        # Widths set from the data: the table's own content-based widths were seen stuck at the headers' widths
+        # when rows came right after it was first laid out (run ids cut to three characters).
+        table.clear(columns=True)
+        for index, label in enumerate(COLUMNS):
+            table.add_column(label, width=max([len(label)] + [len(row[index]) for row in rows]))
+        for row in rows:
+            table.add_row(*row, key=row[0])
         if selected is not None:
             for i, summary in enumerate(runs):
                 if summary["run"] == selected:
