@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 
-from eaglewatch.tui.decode.decoder import Decoder
+from eaglewatch.decode.decoder import Decoder
 
 CHUNK = 64 * 1024
 LANES = [f"Worker_TP{i}" for i in range(8)]

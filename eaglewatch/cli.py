@@ -23,7 +23,7 @@ COMMANDS: dict[str, str] = {
     "verify": "eaglewatch.pipeline.verify",
     "preflight": "eaglewatch.pipeline.preflight.cli",
     "make-tiny-model": "eaglewatch.pipeline.tiny_model",
-    "decode": "eaglewatch.tui.decode.cli",
+    "decode": "eaglewatch.decode.cli",
     "demo": "eaglewatch.pipeline.demo",
     "launch": "eaglewatch.tui.commands.launch",
     "runs": "eaglewatch.tui.commands.runs",

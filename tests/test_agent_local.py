@@ -319,7 +319,7 @@ def test_attach_prints_raw_bytes_or_the_decoded_view(run_root: Path) -> None:
     raw = subprocess.run([*base, "attach", "local", run_id, "--run-root", str(run_root)], capture_output=True,
                          timeout=60)
     assert raw.returncode == 1 and raw.stdout == log.read_bytes() and b"exit code 1" in raw.stderr
-    pytest.importorskip("eaglewatch.tui.decode.decoder")
+    pytest.importorskip("eaglewatch.decode.decoder")
     decoded = subprocess.run([*base, "attach", "local", run_id, "--run-root", str(run_root), "--decoded"],
                              capture_output=True, text=True, timeout=60)
     assert decoded.returncode == 1

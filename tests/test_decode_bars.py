@@ -6,9 +6,9 @@ import io
 
 import pytest
 
-from eaglewatch.tui.decode.bars import parse_bar, parse_interval, parse_number
-from eaglewatch.tui.decode.decoder import decode_bytes
-from eaglewatch.tui.decode.events import BarUpdate
+from eaglewatch.decode.bars import parse_bar, parse_interval, parse_number
+from eaglewatch.decode.decoder import decode_bytes
+from eaglewatch.decode.events import BarUpdate
 
 
 def bar(text: str) -> BarUpdate:

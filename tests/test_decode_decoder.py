@@ -9,8 +9,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eaglewatch.tui.decode.decoder import Decoder, decode_bytes
-from eaglewatch.tui.decode.events import BarUpdate, LineEvent, ProcessDeath, TracebackEvent
+from eaglewatch.decode.decoder import Decoder, decode_bytes
+from eaglewatch.decode.events import BarUpdate, LineEvent, ProcessDeath, TracebackEvent
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FIXTURE_FILES = sorted((FIXTURES / "vllm-logs").glob("*.log")) + sorted((FIXTURES / "decode").glob("*.log"))

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from eaglewatch.tui.decode.header import parse_header
+from eaglewatch.decode.header import parse_header
 
 
 @pytest.mark.parametrize(

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from eaglewatch.tui.decode.decoder import decode_bytes
-from eaglewatch.tui.decode.hints import RULES, Hint
-from eaglewatch.tui.decode.rootcause import FailureGroup
+from eaglewatch.decode.decoder import decode_bytes
+from eaglewatch.decode.hints import RULES, Hint
+from eaglewatch.decode.rootcause import FailureGroup
 
 SP = "/opt/venv/lib/python3.12/site-packages"
 

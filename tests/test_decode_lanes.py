@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from eaglewatch.tui.decode.lanes import (
+from eaglewatch.decode.lanes import (
     KIND_API,
     KIND_ENGINE,
     KIND_MAIN,

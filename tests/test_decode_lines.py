@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from eaglewatch.tui.decode.lines import LineSplitter, strip_ansi
+from eaglewatch.decode.lines import LineSplitter, strip_ansi
 
 
 def segments(chunks: list[bytes], max_segment: int = 1 << 20) -> list[tuple[str, bool]]:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from eaglewatch.tui.decode.decoder import decode_bytes
-from eaglewatch.tui.decode.rootcause import (
+from eaglewatch.decode.decoder import decode_bytes
+from eaglewatch.decode.rootcause import (
     TIER_ORIGINAL,
     TIER_PROPAGATED,
     TIER_SECONDARY,

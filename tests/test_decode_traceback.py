@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from eaglewatch.tui.decode.decoder import decode_bytes
-from eaglewatch.tui.decode.events import (
+from eaglewatch.decode.decoder import decode_bytes
+from eaglewatch.decode.events import (
     FRAME_INTERNAL,
     FRAME_LIBRARY,
     FRAME_STDLIB,
@@ -20,8 +20,8 @@ from eaglewatch.tui.decode.events import (
     KIND_FATAL,
     TracebackEvent,
 )
-from eaglewatch.tui.decode.frames import frame_kind
-from eaglewatch.tui.decode.traceback import TracebackAssembler, exception_line, parse_group_block
+from eaglewatch.decode.frames import frame_kind
+from eaglewatch.decode.traceback import TracebackAssembler, exception_line, parse_group_block
 
 
 def run_python(tmp_path: Path, source: str, *flags: str) -> bytes:

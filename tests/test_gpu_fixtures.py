@@ -22,7 +22,7 @@ import pytest
 
 from eaglewatch import protocol
 from eaglewatch.pipeline.telemetry import ranks_from_log, render_lines
-from eaglewatch.tui.decode import BarUpdate, DecodeState, decode_bytes
+from eaglewatch.decode import BarUpdate, DecodeState, decode_bytes
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gpu"
 EAGLEWATCH_RUN = "h200_eaglewatch_vllm026_extract.log"

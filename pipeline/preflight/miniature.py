@@ -156,7 +156,7 @@ def run_miniature(cfg: Any, info: Any, layer_ids: list[int], *, samples: int = 4
 
 def decode_root_cause(log_path: Path) -> dict[str, Any] | None:
     """The decoder's first failure in the miniature's log (the decoder is stdlib only)."""
-    from eaglewatch.tui.decode import decode_bytes
+    from eaglewatch.decode import decode_bytes
 
     _events, state = decode_bytes(log_path.read_bytes())
     failures = state.failures_ranked()

@@ -29,11 +29,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 class _DecodedView:
-    """Feeds the stream to eaglewatch.tui.decode and prints its live notes and final summary as text."""
+    """Feeds the stream to eaglewatch.decode and prints its live notes and final summary as text."""
 
     def __init__(self, label: str) -> None:
-        from eaglewatch.tui.decode.decoder import Decoder
-        from eaglewatch.tui.decode.live import LiveNotes
+        from eaglewatch.decode.decoder import Decoder
+        from eaglewatch.decode.live import LiveNotes
 
         self.label = label
         self.decoder = Decoder()
@@ -46,7 +46,7 @@ class _DecodedView:
         self.notes.emit(self.decoder.flush_idle())
 
     def finish(self) -> None:
-        from eaglewatch.tui.decode.report import render_text
+        from eaglewatch.decode.report import render_text
 
         self.notes.emit(self.decoder.finish())
         sys.stdout.write(render_text(self.decoder.state, self.label))

@@ -18,7 +18,7 @@ from itertools import islice
 from typing import Any, Callable, Iterable, Optional
 
 from eaglewatch import protocol as p
-from eaglewatch.tui.decode import BarUpdate, Decoder, FailureGroup, LineEvent
+from eaglewatch.decode import BarUpdate, Decoder, FailureGroup, LineEvent
 from eaglewatch.tui.runstate.view import (
     ALERT_DISK,
     ALERT_EXIT,

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional
 
-from eaglewatch.tui.decode.events import (
+from eaglewatch.decode.events import (
     KIND_ABORT,
     KIND_DEATH,
     KIND_FATAL,
@@ -27,8 +27,8 @@ from eaglewatch.tui.decode.events import (
     Failure,
     Frame,
 )
-from eaglewatch.tui.decode.hints import Hint, classify
-from eaglewatch.tui.decode.lanes import KIND_WORKER, MAIN_LANE, compress_names
+from eaglewatch.decode.hints import Hint, classify
+from eaglewatch.decode.lanes import KIND_WORKER, MAIN_LANE, compress_names
 
 TIER_ORIGINAL = 0
 TIER_SECONDARY = 1

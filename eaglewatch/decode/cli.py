@@ -51,7 +51,7 @@ def _open(path: str) -> IO[bytes]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from eaglewatch.tui.decode.decoder import Decoder
+    from eaglewatch.decode.decoder import Decoder
 
     decoder = Decoder()
     stream = _open(args.logfile)
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_summary(decoder: Any, label: str, args: argparse.Namespace) -> None:
-    from eaglewatch.tui.decode.report import render_text, to_dict
+    from eaglewatch.decode.report import render_text, to_dict
 
     try:
         if args.json:
@@ -97,8 +97,8 @@ def _follow(stream: IO[bytes], args: argparse.Namespace, decoder: Any) -> Any:
 
     Returns the decoder that holds the final state (a new one when the file was truncated and restarted).
     """
-    from eaglewatch.tui.decode.decoder import Decoder
-    from eaglewatch.tui.decode.live import LiveNotes
+    from eaglewatch.decode.decoder import Decoder
+    from eaglewatch.decode.live import LiveNotes
 
     notes = LiveNotes(decoder.state, quiet=args.json)
 

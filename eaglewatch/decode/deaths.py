@@ -11,7 +11,7 @@ import re
 import signal as _signal
 from typing import Optional
 
-from eaglewatch.tui.decode.events import ProcessDeath
+from eaglewatch.decode.events import ProcessDeath
 
 _SIGNAL_WORDS = {
     "Segmentation fault": "SIGSEGV",

@@ -21,7 +21,7 @@ import re
 import textwrap
 from typing import Optional
 
-from eaglewatch.tui.decode.events import (
+from eaglewatch.decode.events import (
     KIND_ABORT,
     KIND_FATAL,
     KIND_TRACEBACK,
@@ -29,7 +29,7 @@ from eaglewatch.tui.decode.events import (
     Frame,
     TracebackEvent,
 )
-from eaglewatch.tui.decode.frames import frame_kind
+from eaglewatch.decode.frames import frame_kind
 
 TB_START = "Traceback (most recent call last):"
 EG_MARK = "Exception Group Traceback (most recent call last):"

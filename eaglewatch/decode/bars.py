@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from eaglewatch.tui.decode.events import BarUpdate
+from eaglewatch.decode.events import BarUpdate
 
 _NUMBER = r"\d+(?:\.\d+)?[kMGTPEZY]?"
 _INTERVAL = r"(?:\d+d,? ?)?\d+:\d\d(?::\d\d)?"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import textwrap
 from typing import Any, Optional
 
-from eaglewatch.tui.decode.events import Frame
-from eaglewatch.tui.decode.lanes import compress_names
-from eaglewatch.tui.decode.rootcause import TIER_NAMES, TIER_ORIGINAL, FailureGroup
-from eaglewatch.tui.decode.state import BarState, DecodeState, LaneState
+from eaglewatch.decode.events import Frame
+from eaglewatch.decode.lanes import compress_names
+from eaglewatch.decode.rootcause import TIER_NAMES, TIER_ORIGINAL, FailureGroup
+from eaglewatch.decode.state import BarState, DecodeState, LaneState
 
 SCHEMA = "eaglewatch.decode/1"
 

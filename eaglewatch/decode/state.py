@@ -16,9 +16,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from eaglewatch.tui.decode.events import BarUpdate, Failure, LineEvent, ProcessDeath, TracebackEvent
-from eaglewatch.tui.decode.lanes import LaneId, lane_kind, lane_ranks, name_score
-from eaglewatch.tui.decode.rootcause import FailureGroup, FailureGroups, rank
+from eaglewatch.decode.events import BarUpdate, Failure, LineEvent, ProcessDeath, TracebackEvent
+from eaglewatch.decode.lanes import LaneId, lane_kind, lane_ranks, name_score
+from eaglewatch.decode.rootcause import FailureGroup, FailureGroups, rank
 
 
 def lane_key(lane: LaneId) -> str:

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
-from eaglewatch.tui.decode.events import KIND_ABORT, KIND_DEATH, KIND_FATAL, Failure
+from eaglewatch.decode.events import KIND_ABORT, KIND_DEATH, KIND_FATAL, Failure
 
 _SIZE = r"[\d.]+ ?[KMGTP]i?B"
 

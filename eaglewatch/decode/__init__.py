@@ -14,8 +14,8 @@ Pure standard library: it imports neither Textual nor paramiko nor torch, so the
 * ``report``: JSON and text output; ``live``/``cli``: ``eaglewatch decode``.
 """
 
-from eaglewatch.tui.decode.decoder import Decoder, decode_bytes
-from eaglewatch.tui.decode.events import (
+from eaglewatch.decode.decoder import Decoder, decode_bytes
+from eaglewatch.decode.events import (
     BarUpdate,
     ExceptionRecord,
     Frame,
@@ -23,8 +23,8 @@ from eaglewatch.tui.decode.events import (
     ProcessDeath,
     TracebackEvent,
 )
-from eaglewatch.tui.decode.rootcause import FailureGroup
-from eaglewatch.tui.decode.state import BarState, DecodeState, LaneState
+from eaglewatch.decode.rootcause import FailureGroup
+from eaglewatch.decode.state import BarState, DecodeState, LaneState
 
 __all__ = [
     "BarState",

@@ -22,14 +22,14 @@ import re
 import time as _time
 from typing import Callable, Optional
 
-from eaglewatch.tui.decode.bars import parse_bar
-from eaglewatch.tui.decode.deaths import maybe_death, parse_death
-from eaglewatch.tui.decode.events import Event, LineEvent
-from eaglewatch.tui.decode.header import LEVELS, VLLM_HEADER, parse_header
-from eaglewatch.tui.decode.lanes import MAIN, LaneId, PrefixParser, lane_from_prefix, split_prefix
-from eaglewatch.tui.decode.lines import LineSplitter
-from eaglewatch.tui.decode.state import DecodeState, LaneState, lane_key
-from eaglewatch.tui.decode.traceback import TracebackAssembler, starts_block
+from eaglewatch.decode.bars import parse_bar
+from eaglewatch.decode.deaths import maybe_death, parse_death
+from eaglewatch.decode.events import Event, LineEvent
+from eaglewatch.decode.header import LEVELS, VLLM_HEADER, parse_header
+from eaglewatch.decode.lanes import MAIN, LaneId, PrefixParser, lane_from_prefix, split_prefix
+from eaglewatch.decode.lines import LineSplitter
+from eaglewatch.decode.state import DecodeState, LaneState, lane_key
+from eaglewatch.decode.traceback import TracebackAssembler, starts_block
 
 # Something a collector wrote in front of each line. Unambiguous forms are always removed: an RFC 3339
 # timestamp with its zone (kubectl --timestamps, the CRI "stdout F" form) and a docker compose column with a

@@ -6,10 +6,10 @@ import sys
 import time
 from typing import IO, Callable, Iterable, Optional
 
-from eaglewatch.tui.decode.events import BarUpdate, LineEvent, ProcessDeath, TracebackEvent
-from eaglewatch.tui.decode.report import fmt_seconds
-from eaglewatch.tui.decode.rootcause import summary
-from eaglewatch.tui.decode.state import DecodeState
+from eaglewatch.decode.events import BarUpdate, LineEvent, ProcessDeath, TracebackEvent
+from eaglewatch.decode.report import fmt_seconds
+from eaglewatch.decode.rootcause import summary
+from eaglewatch.decode.state import DecodeState
 
 
 class LiveNotes:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from eaglewatch.tui.decode.events import FRAME_INTERNAL, FRAME_LIBRARY, FRAME_STDLIB, FRAME_USER
+from eaglewatch.decode.events import FRAME_INTERNAL, FRAME_LIBRARY, FRAME_STDLIB, FRAME_USER
 
 # Packages that count as the operator's own code even when pip put them in site-packages.
 USER_PACKAGES = frozenset({"eaglewatch"})
