@@ -48,7 +48,6 @@ _EXIT_STATUS = re.compile(r"(?:Command exited with non-zero status|Exit status:)
 _QUIET_LEVELS = frozenset({"INFO", "DEBUG"})
 _HEADER_FIRST = frozenset("DIWECF")
 _BLOCK_FIRST = frozenset("TFtCE +")  # first characters of the lines that can start a traceback-like block
-_MISSING = object()
 _PREFIX_CACHE_LIMIT = 4096
 
 
@@ -191,17 +190,14 @@ class Decoder:
             if first == "(":
                 end = text.find(")", 1, 120) + 1
                 if end > 0 and (end == len(text) or text[end] == " "):
-                    hit = cache.get(text[:end], _MISSING)
-                    if hit is _MISSING:
-                        hit = self._learn(text[:end])
+                    key = text[:end]
+                    hit = cache[key] if key in cache else self._learn(key)
                     if hit is not None and end < len(text):
                         end += 1
             elif first == "[" and (text.startswith("[rank") or text.startswith("[default")):
-                key, end = split_prefix(text)
-                if key is not None:
-                    hit = cache.get(key, _MISSING)
-                    if hit is _MISSING:
-                        hit = self._learn(key)
+                rank_key, end = split_prefix(text)
+                if rank_key is not None:
+                    hit = cache[rank_key] if rank_key in cache else self._learn(rank_key)
             if hit is not None:
                 self._line_ctx = hit
                 msg = text[end:]

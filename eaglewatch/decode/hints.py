@@ -336,22 +336,33 @@ RULES: tuple[HintRule, ...] = (
     ),
 )
 
-_COMPILED: list[tuple[HintRule, dict[str, object]]] = []
+@dataclass(frozen=True)
+class _Patterns:
+    """A rule's regular expressions, compiled once."""
+
+    types: Optional[re.Pattern[str]]
+    match: Optional[re.Pattern[str]]
+    frames: Optional[re.Pattern[str]]
+    signals: Optional[re.Pattern[str]]
+    figures: tuple[re.Pattern[str], ...]
 
 
-def _compiled() -> list[tuple[HintRule, dict[str, object]]]:
+_COMPILED: list[tuple[HintRule, _Patterns]] = []
+
+
+def _compiled() -> list[tuple[HintRule, _Patterns]]:
     if not _COMPILED:
         for rule in RULES:
             _COMPILED.append(
                 (
                     rule,
-                    {
-                        "types": re.compile(rule.types) if rule.types else None,
-                        "match": re.compile(rule.match, re.S) if rule.match else None,
-                        "frames": re.compile(rule.frames, re.M) if rule.frames else None,
-                        "signals": re.compile(rule.signals) if rule.signals else None,
-                        "figures": [re.compile(f) for f in rule.figures],
-                    },
+                    _Patterns(
+                        types=re.compile(rule.types) if rule.types else None,
+                        match=re.compile(rule.match, re.S) if rule.match else None,
+                        frames=re.compile(rule.frames, re.M) if rule.frames else None,
+                        signals=re.compile(rule.signals) if rule.signals else None,
+                        figures=tuple(re.compile(f) for f in rule.figures),
+                    ),
                 )
             )
     return _COMPILED
@@ -407,23 +418,23 @@ def classify(
             continue
         if any(flag not in flags for flag in rule.needs):
             continue
-        sig_re = pats["signals"]
-        if sig_re is not None and not sig_re.fullmatch(signal):  # type: ignore[union-attr]
+        sig_re = pats.signals
+        if sig_re is not None and not sig_re.fullmatch(signal):
             continue
-        type_re = pats["types"]
-        if type_re is not None and not any(type_re.fullmatch(t) for t in types):  # type: ignore[union-attr]
+        type_re = pats.types
+        if type_re is not None and not any(type_re.fullmatch(t) for t in types):
             continue
-        match_re = pats["match"]
-        if match_re is not None and not match_re.search(text):  # type: ignore[union-attr]
+        match_re = pats.match
+        if match_re is not None and not match_re.search(text):
             continue
-        frames_re = pats["frames"]
+        frames_re = pats.frames
         if frames_re is not None:
             if frames is None:
                 frames = frames_text(failure)
-            if not frames_re.search(frames):  # type: ignore[union-attr]
+            if not frames_re.search(frames):
                 continue
         figures: dict[str, str] = {}
-        for pattern in pats["figures"]:  # type: ignore[union-attr]
+        for pattern in pats.figures:
             found = pattern.search(text)
             if found:
                 for key, value in found.groupdict().items():

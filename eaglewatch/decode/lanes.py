@@ -168,7 +168,8 @@ def _ranges(numbers: list[int]) -> str:
     numbers = sorted(set(numbers))
     parts: list[str] = []
     start = prev = numbers[0]
-    for num in numbers[1:] + [None]:  # type: ignore[list-item]
+    following: list[Optional[int]] = [*numbers[1:], None]
+    for num in following:
         if num is not None and num == prev + 1:
             prev = num
             continue
@@ -185,7 +186,7 @@ def compress_names(names: Iterable[str]) -> str:
     """``["Worker_TP0", ..., "Worker_TP7"]`` -> ``"Worker_TP0–7"``; names that differ elsewhere stay apart."""
     groups: dict[tuple[str, str], list[int]] = {}
     plain: list[str] = []
-    order: list[object] = []
+    order: list[str | tuple[str, str]] = []
     for name in names:
         found = _LAST_NUMBER.search(name)
         if not found:
@@ -203,6 +204,6 @@ def compress_names(names: Iterable[str]) -> str:
         if isinstance(item, str):
             out.append(item)
         else:
-            head, tail = item  # type: ignore[misc]
+            head, tail = item
             out.append(f"{head}{_ranges(groups[item])}{tail}")
     return ", ".join(out)
