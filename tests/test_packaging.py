@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import tomllib
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-MAPPED = {"eaglewatch": "eaglewatch", "tui": "eaglewatch.tui", "pipeline": "eaglewatch.pipeline",
-          "assets": "eaglewatch.assets"}
 
 BLOCK_HEAVY = (
     "import sys\n"
@@ -21,15 +19,32 @@ BLOCK_HEAVY = (
 )
 
 
-def test_every_subpackage_is_listed_in_pyproject():
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    listed = set(config["tool"]["setuptools"]["packages"])
-    found = set()
-    for folder, package in MAPPED.items():
-        for init in (ROOT / folder).rglob("__init__.py"):
-            rel = init.parent.relative_to(ROOT / folder)
-            found.add(".".join([package, *rel.parts]))
-    assert found - listed == set(), f"add these to [tool.setuptools] packages: {sorted(found - listed)}"
+def test_the_links_make_one_package_tree():
+    """eaglewatch/tui, eaglewatch/pipeline and eaglewatch/assets are the top-level folders, not copies."""
+    for name in ("tui", "pipeline", "assets"):
+        link = ROOT / "eaglewatch" / name
+        assert link.is_symlink() and link.resolve() == (ROOT / name).resolve()
+
+
+def test_the_wheel_holds_every_module_and_the_assets(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path),
+         str(ROOT)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    (wheel,) = tmp_path.glob("eaglewatch-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    expected = {"eaglewatch/assets/dashboard.tcss", "eaglewatch/assets/data/sample_chat.jsonl"}
+    for top in ("eaglewatch", "tui", "pipeline"):
+        for source in (ROOT / top).rglob("*.py"):
+            if "__pycache__" in source.parts:
+                continue
+            rel = source.relative_to(ROOT / top)
+            prefix = ("eaglewatch",) if top == "eaglewatch" else ("eaglewatch", top)
+            expected.add("/".join([*prefix, *rel.parts]))
+    assert expected - names == set()
+    assert not any(name.startswith(("tests/", "bench/", "tui/", "pipeline/")) for name in names)
 
 
 def test_cli_help_and_light_subcommands_start_without_heavy_packages():
