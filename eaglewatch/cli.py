@@ -24,8 +24,8 @@ COMMANDS: dict[str, str] = {
     "preflight": "eaglewatch.pipeline.preflight.cli",
     "make-tiny-model": "eaglewatch.pipeline.tiny_model",
     "decode": "eaglewatch.decode.cli",
-    "demo": "eaglewatch.pipeline.demo",
-    "launch": "eaglewatch.tui.commands.launch",
+    "demo": "eaglewatch.demo",
+    "launch": "eaglewatch.tui.app.launch",  # the host command, plus the dashboard on a terminal
     "runs": "eaglewatch.tui.commands.runs",
     "attach": "eaglewatch.tui.commands.attach",
     "stop": "eaglewatch.tui.commands.stop",

@@ -106,7 +106,8 @@ def _shards(path: Path) -> tuple[tuple[str, ...], int]:
         missing = [n for n in names if not (path / n).is_file()]
         if missing:
             shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-            raise UserError(f"{path}: {len(missing)} of {len(names)} shards named in {index_path.name} are missing: {shown}")
+            raise UserError(f"{path}: {len(missing)} of {len(names)} shards named in {index_path.name} are missing: "
+                            f"{shown}")
         return tuple(names), sum((path / n).stat().st_size for n in names)
     singles = sorted(p.name for p in path.glob("*.safetensors"))
     if not singles:

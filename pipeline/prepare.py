@@ -104,7 +104,8 @@ def assistant_spans(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[str
     return full, spans
 
 
-def tokenize_conversation(tokenizer: Any, messages: list[dict[str, str]], max_length: int) -> tuple[list[int], list[int], bool]:
+def tokenize_conversation(tokenizer: Any, messages: list[dict[str, str]],
+                          max_length: int) -> tuple[list[int], list[int], bool]:
     text, spans = assistant_spans(tokenizer, messages)
     encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids: list[int] = list(encoded["input_ids"])

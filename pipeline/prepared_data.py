@@ -10,7 +10,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Generator
 
 from eaglewatch.errors import UserError
 
@@ -63,7 +63,7 @@ def _parse_line(path: Path, line_no: int, line: str) -> Sample:
     return Sample(sample_id, ids, [int(m) for m in mask], line_no)
 
 
-def iter_prepared(path: str | Path) -> Iterator[Sample]:
+def iter_prepared(path: str | Path) -> Generator[Sample, None, None]:
     path = Path(path)
     try:
         handle = open(path, encoding="utf-8")

@@ -19,6 +19,7 @@ from typing import Any
 
 from eaglewatch.errors import UserError
 from eaglewatch.pipeline import output
+from eaglewatch.pipeline.plan import shard_for_rank
 from eaglewatch.pipeline.prepared_data import Sample, iter_prepared
 
 HELP = "check an output folder: shapes, layers, NaN/Inf, token ids, completeness; optionally against HF"
@@ -69,8 +70,6 @@ def _expected_samples(manifests: list[dict[str, Any]], prepared: str | None) -> 
     if not path or not Path(path).exists():
         return None
     max_len = int(manifests[0]["max_seq_len"])
-    from eaglewatch.pipeline.extract import shard_for_rank
-
     samples = list(iter_prepared(path))[: manifests[0].get("max_samples")]
     wanted: dict[str, Sample] = {}
     for m in manifests:
@@ -117,7 +116,8 @@ def check_file(path: Path, manifest: dict[str, Any], sample: Sample | None, fini
     return None
 
 
-def compare_with_hf(out: Path, manifest: dict[str, Any], samples: list[Sample], tolerance: float | None) -> dict[str, Any]:
+def compare_with_hf(out: Path, manifest: dict[str, Any], samples: list[Sample],
+                    tolerance: float | None) -> dict[str, Any]:
     from safetensors.torch import load_file
 
     from eaglewatch.pipeline.engines.hf import HFEngine

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import platform
 import signal
 import sys
 import time
@@ -16,14 +17,18 @@ from eaglewatch.tui.connection import Event, JobState, LinkState, LogChunk
 PYTHON = sys.executable
 
 
-def wait_for(predicate: Callable[[], object], timeout_s: float = 10.0, step_s: float = 0.02) -> object:
+def wait_for(predicate: Callable[[], object], timeout_s: float = 30.0, step_s: float = 0.02,
+             what: str = "condition") -> object:
+    """Poll ``predicate`` until it gives something true, and return that; fail after ``timeout_s``.
+
+    The deadline is only there to turn a hang into a failure: it is generous so that a loaded machine passes."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout_s} s")
+            raise AssertionError(f"{what} not met within {timeout_s} s")
         time.sleep(step_s)
 
 
@@ -142,3 +147,26 @@ def inet_socket_inodes() -> set[str]:
             continue
         inodes.update(line.split()[9] for line in lines)
     return inodes
+
+
+# System call numbers (asm/unistd.h) of the waits the tests look for, by machine.
+SYSCALLS = {
+    "x86_64": {"select": (23, 270), "sleep": (35, 230)},  # select, pselect6; nanosleep, clock_nanosleep
+    "aarch64": {"select": (72,), "sleep": (101, 115)},  # pselect6; nanosleep, clock_nanosleep
+}
+
+
+def blocked_in(kind: str, pid: int, tid: int | None = None) -> bool:
+    """Whether the thread (or the process's main thread) is asleep in the kernel in a ``kind`` wait ("select" or
+    "sleep"), read from /proc/PID/task/TID/syscall. Skips the test on a machine where that cannot be read."""
+    numbers = SYSCALLS.get(platform.machine(), {}).get(kind)
+    path = f"/proc/{pid}/task/{tid or pid}/syscall"
+    if numbers is None or not os.access(path, os.R_OK):
+        pytest.skip(f"cannot see which system call a thread waits in here ({platform.machine()}, {path})")
+    try:
+        with open(path) as fh:
+            fields = fh.read().split()
+    except OSError:  # the thread has ended
+        return False
+    # "running" while on a CPU, "-1 ..." outside a system call, else the call's number and arguments.
+    return bool(fields) and fields[0].isdigit() and int(fields[0]) in numbers

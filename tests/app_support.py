@@ -36,6 +36,12 @@ async def wait_until(pilot, predicate: Callable[[], object], timeout_s: float = 
         await pilot.pause(step_s)
 
 
+def whole_log_arrived(screen, run_root) -> bool:
+    """Whether a run screen's model holds every byte of its run's log, as the agent wrote it on this host."""
+    log = Path(run_root) / str(screen.run_id) / "log"
+    return log.exists() and screen.model.snapshot().log_bytes == log.stat().st_size
+
+
 def crashed_model(stream: Path = H200X2_STREAM, samples: int = 30):
     """A finished run rebuilt from a real crash log and real H200 telemetry, with fixed clocks."""
     from eaglewatch.tui.runstate import RunModel

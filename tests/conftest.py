@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,20 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 EAGLEWATCH = [sys.executable, "-m", "eaglewatch"]
+
+# The seed of every random choice the tests make (the resume tests' kill points): EAGLEWATCH_TEST_SEED when set,
+# else a fresh one, shown in the run's header so that a failing run can be repeated with the same choices.
+TEST_SEED = int(os.environ.get("EAGLEWATCH_TEST_SEED") or random.SystemRandom().randrange(1 << 32))
+
+
+def pytest_report_header(config) -> str:
+    return f"EAGLEWATCH_TEST_SEED={TEST_SEED}"
+
+
+def seeded_rng(name: str) -> random.Random:
+    """A generator of its own for one test, from the run's seed and the test's name: a rerun with the same seed
+    makes the same choices for that test, whichever tests run with it."""
+    return random.Random(f"{TEST_SEED}:{name}")
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 600, cwd: str | None = None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import random
 import shutil
 import signal
 import subprocess
@@ -11,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import read_events
+from conftest import TEST_SEED, read_events, seeded_rng
 
 
 def kill_part_way(args: list[str], out: Path, after_samples: int, extra_delay_s: float, timeout_s: float = 300
@@ -41,15 +40,46 @@ def kill_part_way(args: list[str], out: Path, after_samples: int, extra_delay_s:
     return len(list(out.glob("hs_*.safetensors")))
 
 
-def kill_mid_run(args: list[str], out: Path, rng: random.Random, total: int, upper: int, attempts: int = 3) -> int:
+class KillPoints:
+    """The random kill points of one test, drawn from the run's seed (EAGLEWATCH_TEST_SEED) and the test's name,
+    and a record of each attempt, for the failure message: a rerun with the same seed draws the same points."""
+
+    def __init__(self, test_name: str) -> None:
+        self.test_name = test_name
+        self.seed = TEST_SEED
+        self.rng = seeded_rng(test_name)
+        self.attempts: list[str] = []
+
+    def draw(self, upper: int) -> tuple[int, float]:
+        """(samples written, then extra delay in seconds) of the next kill."""
+        return self.rng.randint(1, upper), self.rng.random() * 0.05
+
+    def note(self, text: str) -> None:
+        self.attempts.append(text)
+        print(f"[kill points] {text}", flush=True)
+
+    def __str__(self) -> str:
+        tried = "; ".join(self.attempts) or "none yet"
+        return f"EAGLEWATCH_TEST_SEED={self.seed} ({self.test_name}), kill points: {tried}"
+
+
+def kill_mid_run(args: list[str], out: Path, points: KillPoints, total: int, upper: int, attempts: int = 3) -> int:
     """kill_part_way at a random point below ``upper`` samples; when the run finished before the kill landed (a
     tiny model writes its last batches within the poll interval), start over with a lower point. Returns how many
-    sample files the killed run left (0 < left < total unless every attempt overshot)."""
+    sample files the killed run left (0 < left < total unless every attempt overshot). Each attempt is printed and
+    noted in ``points``; a failure here names the seed and the points."""
+    print(f"[kill points] EAGLEWATCH_TEST_SEED={points.seed} for {points.test_name}", flush=True)
     left = total
     for _ in range(attempts):
         if out.exists():
             shutil.rmtree(out)
-        left = kill_part_way(args, out, after_samples=rng.randint(1, upper), extra_delay_s=rng.random() * 0.05)
+        after, delay = points.draw(upper)
+        try:
+            left = kill_part_way(args, out, after_samples=after, extra_delay_s=delay)
+        except AssertionError as exc:
+            points.note(f"after {after} samples + {delay:.3f} s: {exc}")
+            raise AssertionError(f"{exc} ({points})") from None
+        points.note(f"after {after} samples + {delay:.3f} s: {left} of {total} files left")
         if left < total:
             return left
         upper = max(1, upper // 2)

@@ -29,9 +29,14 @@ def _die_with_parent() -> None:
 
 
 def _free_port() -> int:
+    """A port free right now. Another process may take it before sshd binds it: Sshd.start retries on that."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+PORT_TAKEN = b"Address already in use"
+FIRST_BIND_ATTEMPTS = 20
 
 
 def keygen(path: Path) -> Path:
@@ -69,31 +74,38 @@ class Sshd:
     def __init__(self, workdir: Path, sftp: bool = True) -> None:
         self.dir = workdir
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.port = _free_port()
+        self.sftp = sftp
         self.host_key = keygen(self.dir / "host_ed25519")
         self.client_key = keygen(self.dir / "client_ed25519")
         self.authorized_keys = self.dir / "authorized_keys"
         self.authorized_keys.write_text((self.dir / "client_ed25519.pub").read_text())
         self.known_hosts = self.dir / "known_hosts"
-        self.known_hosts.write_text(self.known_hosts_line())
         self.ssh_config = self.dir / "ssh_config"
+        self.config = self.dir / "sshd_config"
+        self.log = self.dir / "sshd.log"
+        self.proc: subprocess.Popen | None = None
+        # The port is settled by the first start that binds it; restarts keep it (clients have it in their config).
+        self._port_bound = False
+        self._use_port(_free_port())
+
+    def _use_port(self, port: int) -> None:
+        """Write every file that names the port."""
+        self.port = port
+        self.known_hosts.write_text(self.known_hosts_line())
         self.ssh_config.write_text(
             f"Host testhost\n  HostName 127.0.0.1\n  Port {self.port}\n  User {self.user}\n"
             f"  IdentityFile {self.client_key}\n\n"
             f"Host jumped\n  HostName 127.0.0.1\n  Port {self.port}\n  User {self.user}\n"
             f"  IdentityFile {self.client_key}\n  ProxyJump testhost\n"
         )
-        self.config = self.dir / "sshd_config"
-        self.log = self.dir / "sshd.log"
         self.config.write_text(
             f"Port {self.port}\nListenAddress 127.0.0.1\nHostKey {self.host_key}\n"
             f"AuthorizedKeysFile {self.authorized_keys}\nStrictModes no\nPidFile none\nUsePAM no\n"
             "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPubkeyAuthentication yes\n"
             "PermitRootLogin prohibit-password\nAllowTcpForwarding yes\n"
-            + ("Subsystem sftp internal-sftp\n" if sftp else "")
+            + ("Subsystem sftp internal-sftp\n" if self.sftp else "")
             + "MaxStartups 100\nMaxSessions 50\nLogLevel INFO\n"
         )
-        self.proc: subprocess.Popen | None = None
 
     @property
     def user(self) -> str:
@@ -114,7 +126,32 @@ class Sshd:
     def spec(self) -> str:
         return f"{self.user}@127.0.0.1:{self.port}"
 
-    def start(self, timeout_s: float = 10.0) -> None:
+    def start(self, timeout_s: float = 60.0) -> None:
+        """Start sshd and wait until it listens. The port was only free when it was picked, so another process
+        may hold it by now: before the first successful start another port is tried; on a restart the port must
+        stay, and binding it is retried until ``timeout_s`` (its last holder may still be going away)."""
+        deadline = time.monotonic() + timeout_s
+        attempts = 0
+        while True:
+            attempts += 1
+            output = self._start_once(deadline)
+            if output is None:
+                self._port_bound = True
+                return
+            said = output.decode(errors="replace")
+            if PORT_TAKEN not in output:
+                raise RuntimeError(f"sshd exited: {said}")
+            if not self._port_bound:
+                if attempts >= FIRST_BIND_ATTEMPTS:
+                    raise RuntimeError(f"sshd found no free port in {attempts} tries: {said}")
+                self._use_port(_free_port())
+            elif time.monotonic() > deadline:
+                raise RuntimeError(f"port {self.port} stayed taken for {timeout_s} s: {said}")
+            else:
+                time.sleep(0.1)
+
+    def _start_once(self, deadline: float) -> bytes | None:
+        """One sshd start: None once it listens, else what it said before it exited."""
         if os.geteuid() == 0:
             os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
         log = open(self.log, "ab")
@@ -122,17 +159,24 @@ class Sshd:
         self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.config)], stdin=subprocess.DEVNULL,
                                      stdout=log, stderr=log, preexec_fn=_die_with_parent)
         log.close()
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        while True:
             with open(self.log, "rb") as fh:
                 fh.seek(start_at)
                 text = fh.read()
             if b"Server listening" in text:
-                return
+                return None
             if self.proc.poll() is not None:
-                raise RuntimeError(f"sshd exited: {text.decode(errors='replace')}")
+                with open(self.log, "rb") as fh:  # all it wrote before it exited
+                    fh.seek(start_at)
+                    text = fh.read()
+                self.proc = None
+                return text
+            if time.monotonic() > deadline:
+                self.proc.kill()
+                self.proc.wait()
+                self.proc = None
+                raise RuntimeError(f"sshd did not start listening: {text.decode(errors='replace')}")
             time.sleep(0.005)
-        raise RuntimeError("sshd did not start listening")
 
     def session_pids(self) -> list[int]:
         """The per-connection sshd processes (children and grandchildren of the listener that are sshd)."""

@@ -158,8 +158,8 @@ def test_a_closed_local_link_cannot_read_the_next_pipe_that_takes_its_fd_number(
     # The fake agent leaves a sleeper holding its stdout, so no end-of-file wakes the reader first.
     import signal
     import threading
-    import time
 
+    from agent_support import blocked_in, wait_for
     from eaglewatch.tui.connection.links import TIMEOUT, LocalLink
 
     fake = tmp_path / "fake-agent"
@@ -182,7 +182,10 @@ def test_a_closed_local_link_cannot_read_the_next_pipe_that_takes_its_fd_number(
 
         thread = threading.Thread(target=reader, daemon=True)
         thread.start()
-        time.sleep(0.2)  # the reader is inside select() now
+        # The race needs the reader inside recv's select() on the old fd when close runs: holding the link's recv
+        # lock and asleep in the kernel in a select call (the fake agent sends nothing more, so it stays there).
+        wait_for(lambda: link._recv_lock.locked() and blocked_in("select", os.getpid(), thread.native_id),
+                 what="the reader waiting in select()")
         link.close()
         for _ in range(10):  # a new pipe whose read end has the old number
             read_end, write_end = os.pipe()
@@ -191,7 +194,7 @@ def test_a_closed_local_link_cannot_read_the_next_pipe_that_takes_its_fd_number(
                 break
         assert read_end == old_fd, "the old number was not reused; the test cannot tell"
         os.write(write_end, b"the next agent's greeting\n")
-        thread.join(3.0)
+        thread.join(30.0)  # its recv in progress times out within 1 s, then it sees the link closed
         assert not thread.is_alive() and stolen == []
         assert os.read(read_end, 100) == b"the next agent's greeting\n"
     finally:

@@ -8,8 +8,10 @@ from agent_support import stop_leftovers, wait_for
 from eaglewatch.pipeline.agent import jobs
 from eaglewatch.pipeline.agent.server import RunRanks
 
-WORKER = ("import os, sys, time\n"
+WORKER = ("import json, os, sys, time\n"
           "print(f'(Worker_TP1 pid={os.getpid()}) INFO 11-30 04:10:53 [x.py:1] ready', flush=True)\n"
+          "with open(os.environ['EAGLEWATCH_EVENTS_FILE'], 'a') as f:\n"
+          "    f.write(json.dumps({'v': 1, 'kind': 'info', 'output_dir': sys.argv[-1]}) + '\\n')\n"
           "time.sleep(30)\n")
 
 
@@ -23,6 +25,6 @@ def test_ranks_and_output_dir_come_from_the_running_job(tmp_path):
         mapping = wait_for(lambda: ranks(), timeout_s=15)
         (pid, label), = mapping.items()
         assert label == "Worker_TP1" and pid in jobs.job_pids(root)
-        assert ranks.output_dir() == str(out)
+        assert wait_for(lambda: ranks.output_dir() == str(out), timeout_s=15)
     finally:
         stop_leftovers(root)

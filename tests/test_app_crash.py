@@ -12,7 +12,7 @@ pytest.importorskip("textual")
 pytest.importorskip("vllm")
 
 from agent_support import run_root  # noqa: F401  (fixture)
-from app_support import screen_text, wait_until
+from app_support import screen_text, wait_until, whole_log_arrived
 from test_app_local import run_screen
 
 from eaglewatch.tui.app.app import DashboardApp, LaunchRequest
@@ -20,6 +20,10 @@ from eaglewatch.tui.app.embedded import demo_argv
 from eaglewatch.tui.app.screens.dialogs import TracebackScreen
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+
+def alerts(app) -> list[str]:
+    return [n.message for n in app._notifications]
 
 
 def test_demo_fault_shows_the_worker_assert_as_root_cause(run_root, tmp_path):
@@ -32,8 +36,12 @@ def test_demo_fault_shows_the_worker_assert_as_root_cause(run_root, tmp_path):
             screen = await wait_until(pilot, lambda: run_screen(app), 60, what="run screen")
             await wait_until(pilot, lambda: screen.model.snapshot().failures, 240, step_s=0.5,
                              what="a decoded failure")
-            await wait_until(pilot, lambda: screen.model.snapshot().exit_text, 120, what="the run's end")
-            await pilot.pause(0.3)
+            await wait_until(pilot, lambda: screen.model.snapshot().exit_text, 180, what="the run's end")
+            # vLLM's shutdown output may still be on its way after the exit: wait for all of the run's log.
+            await wait_until(pilot, lambda: whole_log_arrived(screen, run_root), 60, what="the whole log")
+            # The screen posts the model's alerts at its next redraw.
+            await wait_until(pilot, lambda: any(m.startswith("failure in") for m in alerts(app)), 30,
+                             what="the failure alert")
             view = screen.model.snapshot()
             root = view.failures[0]
             assert root.summary.startswith("AssertionError at vllm_connector.py")
@@ -43,20 +51,26 @@ def test_demo_fault_shows_the_worker_assert_as_root_cause(run_root, tmp_path):
             assert all(f.tier != "original" or "Worker" in f.lanes for f in view.failures[1:])
             assert view.phase == "failed" and "failed" in view.marks and view.exit_code
             assert "loading" in view.phases_seen and "extracting" in view.phases_seen
-            assert any(m.startswith("failure in") and "AssertionError" in m
-                       for m in (n.message for n in app._notifications))
-            app.clear_notifications()
-            await pilot.pause(0.2)
-            text = screen_text(app)  # readable at 80x24
-            assert "FAILED" in text and "AssertionError at vllm_connector.py" in text, text
+            assert any(m.startswith("failure in") and "AssertionError" in m for m in alerts(app))
+
+            def failure_painted() -> bool:
+                # Readable at 80x24 once no toast covers it; an alert posted after the clearing (the run's end)
+                # is cleared too, and the screen read again after its repaint.
+                if alerts(app):
+                    app.clear_notifications()
+                    return False
+                text = screen_text(app)
+                return "FAILED" in text and "AssertionError at vllm_connector.py" in text
+
+            await wait_until(pilot, failure_painted, 30, what="the painted failure")
             await pilot.press("f")
             await pilot.press("enter")
-            await wait_until(pilot, lambda: isinstance(app.screen, TracebackScreen), 5, what="traceback")
-            full = screen_text(app)
-            assert "Traceback (most recent call last)" in full and "_submit" in full
+            await wait_until(pilot, lambda: isinstance(app.screen, TracebackScreen), 30, what="traceback")
+            await wait_until(pilot, lambda: "Traceback (most recent call last)" in screen_text(app)
+                             and "_submit" in screen_text(app), 30, what="the painted traceback")
             await pilot.press("escape")
             await pilot.press("q")
-            await wait_until(pilot, lambda: app.return_value is not None, 10, what="exit")
+            await wait_until(pilot, lambda: app.return_value is not None, 30, what="exit")
             return screen.run_id
 
     run = asyncio.run(scenario())

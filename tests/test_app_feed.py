@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
-from agent_support import PYTHON, collect, run_root  # noqa: F401  (run_root: fixture)
+from agent_support import PYTHON, collect, run_root, wait_for  # noqa: F401  (run_root: fixture)
 
 from eaglewatch.tui.app.feed import follow_run
 from eaglewatch.tui.connection import Connection
@@ -37,12 +36,14 @@ def test_reattaching_to_a_long_finished_run_delivers_all_of_it(run_root: Path) -
             stop = threading.Event()
             worker = threading.Thread(target=follow_run, args=(connection, model, run, stop.is_set), daemon=True)
             worker.start()
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and model.snapshot().phase != "done":
-                time.sleep(0.05)
-            view = model.snapshot()
-            stop.set()
-            worker.join(10)
+            try:
+                # The events and the log come on separate streams: the phase is no sign that the log is all in.
+                wait_for(lambda model=model: model.snapshot().phase == "done" and model.snapshot().log_bytes == size,
+                         timeout_s=60, step_s=0.05, what=f"the whole run (attempt {attempt})")
+            finally:
+                view = model.snapshot()
+                stop.set()
+                worker.join(30)
             assert (view.phase, view.log_bytes, view.phases_seen) == ("done", size, ("extracting", "done")), attempt
 
 
@@ -80,7 +81,7 @@ class AnswerAfterBatches:
 
         thread = threading.Thread(target=reader, daemon=True)
         thread.start()
-        if not self.reader_done.wait(10):
+        if not self.reader_done.wait(30):
             raise TimeoutError("the watch's answer never came: the reader is stuck in the callback")
         watch.finished.set()
         return watch
@@ -105,10 +106,10 @@ def test_batches_that_come_before_the_watchs_answer_do_not_block_the_reader() ->
 
     worker = threading.Thread(target=follow, daemon=True)
     worker.start()
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and not errors and model.snapshot().lines < connection.batches:
-        time.sleep(0.02)
-    stop.set()
-    worker.join(10)
+    try:
+        wait_for(lambda: errors or model.snapshot().lines >= connection.batches, what="every batch in the model")
+    finally:
+        stop.set()
+        worker.join(30)
     assert errors == [] and model.snapshot().lines == connection.batches
     assert [line.text for line in model.log_since(0)][:2] == ["l0000", "l0001"]

@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("textual")
 
 from agent_support import run_root  # noqa: F401  (fixture)
-from app_support import screen_text, wait_until
+from app_support import screen_text, wait_until, whole_log_arrived
 from test_app_local import extract_argv, run_screen
 
 from eaglewatch.tui.app.app import DashboardApp, LaunchRequest
@@ -49,18 +49,20 @@ def test_stop_asks_first_then_stops_the_job(run_root):
         async with app.run_test(size=(100, 30), notifications=True) as pilot:
             screen = await open_screen(pilot, app)
             await pilot.press("s")
-            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 5, what="confirm")
+            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 30, what="confirm")
             await pilot.press("n")  # cancelled: nothing happens
-            await pilot.pause(0.5)
-            assert app.screen is screen and status(run_root, screen.run_id)["state"] == "running"
+            await wait_until(pilot, lambda: app.screen is screen, 30, what="the dialog closed")
+            # The dialog's answer is handled as it closes: a stop would have started its command worker by now.
+            assert not [worker for worker in app.workers if worker.group == "command"]
+            assert status(run_root, screen.run_id)["state"] == "running"
             await pilot.press("s")
-            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 5, what="confirm")
+            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 30, what="confirm")
             await pilot.press("y")
             await wait_until(pilot, lambda: screen.model.snapshot().exit_text, 30, what="the stop")
             view = screen.model.snapshot()
             assert view.exit_text == "killed by SIGTERM" and view.phase == "failed"
             assert status(run_root, screen.run_id)["state"] == "exited"
-            await wait_until(pilot, lambda: "killed by SIGTERM" in screen_text(app), 10, what="the painted end")
+            await wait_until(pilot, lambda: "killed by SIGTERM" in screen_text(app), 30, what="the painted end")
 
     asyncio.run(scenario())
 
@@ -73,7 +75,7 @@ def test_stop_and_quit_stops_the_job_then_exits(run_root):
             screen = await open_screen(pilot, app)
             run = screen.run_id
             await pilot.press("Q")
-            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 5, what="confirm")
+            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 30, what="confirm")
             await pilot.press("y")
             await wait_until(pilot, lambda: app.return_value is not None, 30, what="exit")
         return run
@@ -92,7 +94,7 @@ def test_detach_leaves_the_job_running_and_reattach_rebuilds_the_view(tiny_llama
             screen = await wait_until(pilot, lambda: run_screen(app), 60, what="run screen")
             await wait_until(pilot, lambda: screen.model.snapshot().phases_seen, 60, what="first phase")
             await pilot.press("q")
-            await wait_until(pilot, lambda: app.return_value is not None, 10, what="exit")
+            await wait_until(pilot, lambda: app.return_value is not None, 30, what="exit")
             return screen.run_id
 
     run = asyncio.run(first())
@@ -110,12 +112,14 @@ def test_detach_leaves_the_job_running_and_reattach_rebuilds_the_view(tiny_llama
         async with again.run_test(size=(160, 48)) as pilot:
             screen = await wait_until(pilot, lambda: run_screen(again), 30, what="run screen")
             await wait_until(pilot, lambda: screen.model.snapshot().phase == "done", 30, what="replayed view")
+            # The events can be ahead of the log: wait for all of it before reading what the log shows.
+            await wait_until(pilot, lambda: whole_log_arrived(screen, run_root), 30, what="the whole log")
             view = screen.model.snapshot()
             assert view.run == run and view.phases_seen == ("validating", "loading", "extracting", "done")
             assert (view.extraction.done, view.extraction.total) == (64, 64)
             assert any(bar.desc == "Loading weights" and bar.done for bar in view.load)
             # The screen repaints at its own pace after the model moved: wait for the painted figure.
-            await wait_until(pilot, lambda: "64/64" in screen_text(again), 10, what="the painted view")
+            await wait_until(pilot, lambda: "64/64" in screen_text(again), 30, what="the painted view")
 
     asyncio.run(second())
 
@@ -128,7 +132,7 @@ def test_restart_from_the_keyboard_with_edited_arguments(run_root):
             screen = await open_screen(pilot, app)
             old = screen.run_id
             await pilot.press("r")
-            dialog = await wait_until(pilot, lambda: isinstance(app.screen, RestartScreen) and app.screen, 5,
+            dialog = await wait_until(pilot, lambda: isinstance(app.screen, RestartScreen) and app.screen, 30,
                                       what="restart dialog")
             field = dialog.query_one("#argv")
             assert "tick" in field.value
@@ -143,7 +147,7 @@ def test_restart_from_the_keyboard_with_edited_arguments(run_root):
             assert status(run_root, old)["state"] == "exited"
             assert status(run_root, new)["state"] == "running"
             await pilot.press("Q")
-            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 5, what="confirm")
+            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 30, what="confirm")
             await pilot.press("y")
             await wait_until(pilot, lambda: app.return_value is not None, 30, what="exit")
 
@@ -156,22 +160,25 @@ def test_read_only_refuses_every_key_that_changes_the_job(run_root):
     async def scenario():
         async with app.run_test(size=(100, 30), notifications=True) as pilot:
             screen = await open_screen(pilot, app)
-            for key in ("r", "s", "Q"):
+            for count, key in enumerate(("r", "s", "Q"), 1):
                 await pilot.press(key)
-                await pilot.pause(0.3)
+                # The refusal is the key's whole effect: once it is noted, no dialog came up instead.
+                await wait_until(pilot, lambda count=count: len(
+                    [m for m in notifications(app) if m.startswith("read-only")]) >= count, 30,
+                    what=f"the refusal of {key}")
                 assert app.screen is screen, f"{key} opened {app.screen!r}"
             refused = [m for m in notifications(app) if m.startswith("read-only")]
             assert len(refused) == 3
             assert status(run_root, screen.run_id)["state"] == "running"
             # Looking is still allowed: help, full-screen log, and detaching.
             await pilot.press("question_mark")
-            await wait_until(pilot, lambda: isinstance(app.screen, HelpScreen), 5, what="help")
-            assert "read-only" in screen_text(app)
+            await wait_until(pilot, lambda: isinstance(app.screen, HelpScreen), 30, what="help")
+            await wait_until(pilot, lambda: "read-only" in screen_text(app), 30, what="the painted read-only note")
             await pilot.press("escape")
             await pilot.press("l")
-            await wait_until(pilot, lambda: screen.maximized is screen.query_one("#log"), 5, what="full-screen log")
+            await wait_until(pilot, lambda: screen.maximized is screen.query_one("#log"), 30, what="full-screen log")
             await pilot.press("q")
-            await wait_until(pilot, lambda: app.return_value is not None, 10, what="exit")
+            await wait_until(pilot, lambda: app.return_value is not None, 30, what="exit")
             return screen.run_id
 
     run = asyncio.run(scenario())

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("textual")
 
 from agent_support import run_root  # noqa: F401  (fixture)
-from app_support import screen_text, wait_until
+from app_support import screen_text, wait_until, whole_log_arrived
 
 from eaglewatch.tui.app.app import DashboardApp, LaunchRequest
 from eaglewatch.tui.app.screens.run import REFRESH_HZ, RunScreen
@@ -39,8 +39,12 @@ def test_local_run_goes_through_loading_and_extraction_to_done(tiny_llama, prepa
         async with app.run_test(size=(120, 40)) as pilot:
             screen = await wait_until(pilot, lambda: run_screen(app), 60, what="run screen")
             started = time.monotonic()
-            await wait_until(pilot, lambda: screen.model.snapshot().exit_text is not None, 90, what="run end")
-            await pilot.pause(0.3)
+            await wait_until(pilot, lambda: screen.model.snapshot().exit_text is not None, 180, what="run end")
+            # The exit can come before the log's last bytes: wait until the model holds all of the run's log.
+            await wait_until(pilot, lambda: whole_log_arrived(screen, run_root), 60, what="the whole log")
+            # The screen repaints at its own pace after the model moved: wait for the painted end.
+            await wait_until(pilot, lambda: all(word in screen_text(app) for word in ("DONE", "64/64", "exit code 0")),
+                             30, what="the painted end")
             elapsed = time.monotonic() - started
             view = screen.model.snapshot()
             assert view.exit_text == "exit code 0" and view.phase == "done"

@@ -10,9 +10,10 @@ import pytest
 pytest.importorskip("textual")
 pytest.importorskip("pytest_textual_snapshot")
 
-from app_support import crashed_model, extracting_model
+from app_support import crashed_model, extracting_model, wait_until
 
 from eaglewatch.tui.app.app import DashboardApp
+from eaglewatch.tui.app.screens.run import RunScreen
 
 
 def quiet(model):
@@ -20,9 +21,14 @@ def quiet(model):
     app = DashboardApp("gpu-box", model=model)
 
     async def settle(pilot):
-        await pilot.pause(0.2)
-        pilot.app.clear_notifications()
-        await pilot.pause(0.1)
+        # The run screen's first redraw paints the model and sends one notification per alert of the model (it is
+        # fixed: no later alert), which the app takes in as messages; clearing before they are all in would leave
+        # toasts on the picture.
+        await wait_until(pilot, lambda: isinstance(app.screen, RunScreen) and app.screen.redraws > 0
+                         and len(app._notifications) >= len(model.alerts_since(0)), 30,
+                         what="the run screen's first redraw and its alerts")
+        app.clear_notifications()
+        await wait_until(pilot, lambda: not app.screen.query("Toast"), 30, what="the toasts gone")
 
     return app, settle
 

@@ -33,15 +33,17 @@ def unknown_key_connection(server: Sshd, root: Path, tmp_path: Path) -> tuple[Co
 def test_unknown_host_key_dialog_refused_connects_to_nothing(sshd_server: Sshd, run_root: Path, tmp_path: Path):
     connection, known = unknown_key_connection(sshd_server, run_root, tmp_path)
     app = DashboardApp(sshd_server.spec, connection=connection)
+    fingerprint = sshd_server.host_fingerprint()
 
     async def scenario():
         async with app.run_test(size=(100, 30)) as pilot:
-            dialog = await wait_until(pilot, lambda: isinstance(app.screen, HostKeyScreen) and app.screen, 20,
+            dialog = await wait_until(pilot, lambda: isinstance(app.screen, HostKeyScreen) and app.screen, 30,
                                       what="host key dialog")
-            assert dialog.fingerprint == sshd_server.host_fingerprint()
-            assert sshd_server.host_fingerprint() in screen_text(app)
+            assert dialog.fingerprint == fingerprint
+            # The dialog is the active screen before it is painted: wait for the fingerprint on the screen.
+            await wait_until(pilot, lambda: fingerprint in screen_text(app), 30, what="the painted fingerprint")
             await pilot.press("r")
-            await wait_until(pilot, lambda: "refused the host key" in screen_text(app), 10, what="refusal")
+            await wait_until(pilot, lambda: "refused the host key" in screen_text(app), 30, what="refusal")
             assert not isinstance(app.screen, RunsScreen)
             await pilot.press("ctrl+c")
 
@@ -59,21 +61,21 @@ def test_accept_key_list_runs_attach_and_launch_over_ssh(sshd_server: Sshd, run_
 
     async def scenario():
         async with app.run_test(size=(120, 36)) as pilot:
-            await wait_until(pilot, lambda: isinstance(app.screen, HostKeyScreen), 20, what="host key dialog")
+            await wait_until(pilot, lambda: isinstance(app.screen, HostKeyScreen), 30, what="host key dialog")
             await pilot.press("a")
             runs = await wait_until(pilot, lambda: isinstance(app.screen, RunsScreen) and app.screen, 30,
                                     what="runs list")
-            await wait_until(pilot, lambda: runs.runs, 20, what="the runs")
+            await wait_until(pilot, lambda: runs.runs, 30, what="the runs")
             assert [r["run"] for r in runs.runs] == [existing]
             # The list's data arrives before the table is painted with it: wait for the screen, not just the data.
-            await wait_until(pilot, lambda: existing in screen_text(app) and "running" in screen_text(app), 10,
+            await wait_until(pilot, lambda: existing in screen_text(app) and "running" in screen_text(app), 30,
                              what="the run shown as running")
             await pilot.press("enter")
-            screen = await wait_until(pilot, lambda: run_screen(app), 20, what="run screen")
-            await wait_until(pilot, lambda: "tick 3" in screen_text(app), 20, what="the run's log")
+            screen = await wait_until(pilot, lambda: run_screen(app), 30, what="run screen")
+            await wait_until(pilot, lambda: "tick 3" in screen_text(app), 30, what="the run's log")
             assert screen.run_id == existing and screen.model.snapshot().host == sshd_server.spec
             await pilot.press("escape")  # back to the list
-            await wait_until(pilot, lambda: app.screen is runs, 5, what="back to the list")
+            await wait_until(pilot, lambda: app.screen is runs, 30, what="back to the list")
             await pilot.press("q")
 
     asyncio.run(scenario())
@@ -86,7 +88,7 @@ def test_accept_key_list_runs_attach_and_launch_over_ssh(sshd_server: Sshd, run_
     async def launch():
         async with launched.run_test(size=(100, 30)) as pilot:
             screen = await wait_until(pilot, lambda: run_screen(launched), 30, what="run screen")
-            await wait_until(pilot, lambda: "tick 2" in screen_text(launched), 20, what="the new run's log")
+            await wait_until(pilot, lambda: "tick 2" in screen_text(launched), 30, what="the new run's log")
             await pilot.press("q")
             return screen.run_id
 

@@ -49,14 +49,15 @@ def test_demo_in_a_terminal_opens_the_dashboard_and_q_detaches(tmux, tmp_path):
     command = (f"env {exports} {shlex.quote(sys.executable)} -m eaglewatch demo --engine hf "
                f"--workdir {shlex.quote(str(tmp_path / 'demo'))}; echo EXIT=$?; sleep 60")
     tmux("new-session", "-d", "-s", "demo", "-x", "100", "-y", "30", command)
-    screen = wait_for_screen(tmux, lambda s: "DONE" in s and "exit code 0" in s, 120, "the finished run")
-    assert "64/64" in screen and "local" in screen
+    screen = wait_for_screen(tmux, lambda s: "DONE" in s and "exit code 0" in s and "64/64" in s, 300,
+                             "the finished run")
+    assert "local" in screen
     tmux("send-keys", "-t", "demo", "?")
-    wait_for_screen(tmux, lambda s: "eaglewatch keys" in s and "detach" in s, 10, "the help screen")
+    wait_for_screen(tmux, lambda s: "eaglewatch keys" in s and "detach" in s, 60, "the help screen")
     tmux("send-keys", "-t", "demo", "Escape")
-    wait_for_screen(tmux, lambda s: "eaglewatch keys" not in s, 10, "help closed")
+    wait_for_screen(tmux, lambda s: "eaglewatch keys" not in s, 60, "help closed")
     tmux("send-keys", "-t", "demo", "q")
-    screen = wait_for_screen(tmux, lambda s: "EXIT=" in s, 20, "the dashboard's exit")
+    screen = wait_for_screen(tmux, lambda s: "EXIT=" in s, 60, "the dashboard's exit")
     assert "EXIT=0" in screen and "has ended (exit code 0)" in screen and "keeps running" not in screen
     # The run lives in the run directory, as the agent wrote it.
     (run_dir,) = runs.iterdir()

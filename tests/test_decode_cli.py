@@ -12,6 +12,8 @@ import threading
 import time
 from pathlib import Path
 
+from agent_support import blocked_in, wait_for
+
 FIXTURES = Path(__file__).parent / "fixtures"
 
 # Runs the real CLI with torch, vLLM, Textual, paramiko and friends made unimportable.
@@ -79,7 +81,7 @@ def test_follow_reads_a_growing_file_and_summarises_on_sigterm(tmp_path: Path) -
     reader.start()
     seen: list[str] = []
 
-    def wait_for(text: str, timeout: float = 20.0) -> None:
+    def wait_for_line(text: str, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         while not any(text in line for line in seen):
             remaining = deadline - time.monotonic()
@@ -96,34 +98,60 @@ def test_follow_reads_a_growing_file_and_summarises_on_sigterm(tmp_path: Path) -
                 out.write(data[start : min(start + 4096, half)])
                 out.flush()
                 time.sleep(0.01)
-        wait_for("+ lane VllmWorker-0")
+        wait_for_line("+ lane VllmWorker-0")
         with open(log, "ab") as out:
             out.write(data[half:])
         # The worker's AssertionError is reported while the file is still open, before any summary.
-        wait_for("! failure [VllmWorker-0] AssertionError at parameter.py:225")
+        wait_for_line("! failure [VllmWorker-0] AssertionError at parameter.py:225")
         proc.send_signal(signal.SIGTERM)
-        wait_for("Root cause: AssertionError at parameter.py:225")
-        assert proc.wait(timeout=20) == 0
+        wait_for_line("Root cause: AssertionError at parameter.py:225")
+        assert proc.wait(timeout=60) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    reader.join(timeout=5)
+    reader.join(timeout=30)  # the process has exited: its output ends
     while not lines.empty():
         seen.append(lines.get())
     text = "".join(seen)
     assert "Failures (root cause first)" in text and "hint: Weight shape mismatch" in text
 
 
+def read_to_the_end(pid: int, path: Path) -> bool:
+    """Whether process pid has path open with its file position at the end of the file."""
+    size = path.stat().st_size
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") != os.path.realpath(path):
+                continue
+            with open(f"/proc/{pid}/fdinfo/{fd}") as fh:
+                position = int(fh.readline().split()[1])  # "pos:\t<offset>"
+        except (OSError, ValueError, IndexError):
+            continue
+        if position == size:
+            return True
+    return False
+
+
 def test_follow_json_prints_one_document_when_stopped(tmp_path: Path) -> None:
     log = tmp_path / "log"
     log.write_bytes((FIXTURES / "decode" / "dp_tp_cuda_oom.log").read_bytes())
+    # A shell without job control starts background commands with SIGINT ignored, and Python then installs no
+    # Ctrl-C handler: give the child the default, as a terminal would.
     proc = subprocess.Popen([sys.executable, "-c", WRAPPER, "decode", str(log), "--follow", "--json",
-                             "--interval", "0.05"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                             "--interval", "0.05"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
-        time.sleep(1.0)
+        # Stopped once it has read the whole file and sleeps between looks at it (so it is past its start-up and
+        # inside the follow loop, where Ctrl-C means "summarise").
+        wait_for(lambda: read_to_the_end(proc.pid, log) and blocked_in("sleep", proc.pid), timeout_s=60,
+                 step_s=0.01, what="the follower idle at the end of the file")
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=20)
+        out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import random
 
 import torch
 from safetensors.torch import load_file
 
 from conftest import file_bytes, read_events, run_cli
 from eaglewatch.pipeline.prepared_data import iter_prepared
-from resume_helpers import kill_mid_run
+from resume_helpers import KillPoints, kill_mid_run
 
 
 def hf_args(model, data, out, *extra):
@@ -80,16 +79,16 @@ def test_data_parallel_shares_are_contiguous_and_complete(tmp_path, tiny_llama, 
     assert verify.returncode == 0, verify.stdout + verify.stderr
 
 
-def test_kill_9_then_resume_is_bit_identical(tmp_path, tiny_llama, prepared_data, hf_reference):
-    rng = random.Random()
+def test_kill_9_then_resume_is_bit_identical(tmp_path, tiny_llama, prepared_data, hf_reference, request):
+    points = KillPoints(request.node.nodeid)
     out = tmp_path / "out"
     args = hf_args(tiny_llama, prepared_data, out, "--batch-size", "8")
-    left = kill_mid_run(args, out, rng, total=64, upper=40)
-    assert 0 < left < 64
+    left = kill_mid_run(args, out, points, total=64, upper=40)
+    assert 0 < left < 64, points
     resumed = run_cli(*args)
-    assert resumed.returncode == 0, resumed.stderr
-    assert not list(out.glob("*.tmp.*"))
-    assert file_bytes(out) == file_bytes(hf_reference)
+    assert resumed.returncode == 0, f"{points}\n{resumed.stderr}"
+    assert not list(out.glob("*.tmp.*")), points
+    assert file_bytes(out) == file_bytes(hf_reference), points
 
 
 def test_no_fsync_writes_the_same_files(tmp_path, tiny_llama, prepared_data, hf_reference):

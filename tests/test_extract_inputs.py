@@ -11,7 +11,7 @@ import pytest
 from conftest import read_events, run_cli
 from eaglewatch.errors import UserError
 from eaglewatch.pipeline import model_info as mi
-from eaglewatch.pipeline.extract import ExtractConfig, check_parallelism
+from eaglewatch.pipeline.plan import ExtractConfig, check_parallelism
 
 
 def extract(model, data, out, *extra):

@@ -6,12 +6,11 @@ Each engine start costs ~30-50 s on two cores, so the uninterrupted run is share
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 
 from conftest import file_bytes, load_outputs, read_events, run_cli
-from resume_helpers import kill_mid_run
+from resume_helpers import KillPoints, kill_mid_run
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 pytest.importorskip("vllm")
@@ -75,12 +74,13 @@ def test_tensor_parallel_2(tiny_llama, prepared_data, hf_reference, tmp_path):
     assert max_abs_diff(out, hf_reference) < 1e-5
 
 
-def test_kill_9_during_extraction_then_resume_is_bit_identical(tiny_llama, prepared_data, vllm_run, tmp_path):
-    rng = random.Random()
+def test_kill_9_during_extraction_then_resume_is_bit_identical(tiny_llama, prepared_data, vllm_run, tmp_path,
+                                                               request):
+    points = KillPoints(request.node.nodeid)
     out = tmp_path / "killed"
     args = no_preflight(*vllm_args(tiny_llama, prepared_data, out))
-    left = kill_mid_run(args, out, rng, total=64, upper=48)
-    assert 0 < left < 64
+    left = kill_mid_run(args, out, points, total=64, upper=48)
+    assert 0 < left < 64, points
     resumed = run_cli(*args)
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
-    assert file_bytes(out) == file_bytes(vllm_run[0])
+    assert resumed.returncode == 0, f"{points}\n{resumed.stderr[-4000:]}"
+    assert file_bytes(out) == file_bytes(vllm_run[0]), points

@@ -11,6 +11,13 @@ samples of 1,024 tokens, layers 2 8 13 16; install and job paths rewritten to /o
   ``Worker_TP1`` lanes. It ran to the end: vLLM #51016's page-size assertion did not appear on 0.26.0 here;
 * ``h200_extract_telemetry.jsonl``: the telemetry sampler's stream during the first run (the first sample, then
   the last 40 s: model loaded, KV cache allocated, extraction under load, GPU memory released).
+
+The logs are decoded by today's decoder. Of the telemetry, only the stream was kept, not the raw NVML readings it was
+shaped from (tests/test_telemetry_recorded.py has a recording with both), so :func:`telemetry` rebuilds the readings
+from it (its GPU fields carry NVML's values one for one, in other units) and shapes them again with today's code:
+which process is the job's, its rank label, throttle names and the rendered lines are today's. What that cannot
+make again is checked as recorded, and says so: the host part (the job's process list, the output disk) and the
+namespace check's input (every NVML pid existed there).
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from typing import Any
 import pytest
 
 from eaglewatch import protocol
-from eaglewatch.pipeline.telemetry import ranks_from_log, render_lines
+from eaglewatch.pipeline.telemetry import ranks_from_log, render_lines, shape_gpus
 from eaglewatch.decode import BarUpdate, DecodeState, decode_bytes
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gpu"
@@ -126,8 +133,44 @@ def test_rank_labels_from_the_gpu_logs() -> None:
 # ----------------------------------------------------------------------------------------------- the telemetry
 
 
-def telemetry() -> list[dict[str, Any]]:
+def recorded_telemetry() -> list[dict[str, Any]]:
     return [protocol.decode(line) for line in (FIXTURES / "h200_extract_telemetry.jsonl").read_bytes().splitlines()]
+
+
+# Clock event reasons by name, from nvml.h (the test's own copy: the names are what the shaping is checked for).
+CLOCK_EVENT_BITS = {"sw_power_cap": 0x4, "hw_slowdown": 0x8, "sync_boost": 0x10, "sw_thermal": 0x20,
+                    "hw_thermal": 0x40, "hw_power_brake": 0x80}
+
+
+def raw_reading(gpu: dict[str, Any]) -> dict[str, Any]:
+    """A shaped GPU of the stream turned back into the raw NVML reading it came from."""
+    assert gpu["error"] is None  # every query answered in this run: no errors to rebuild
+    return {
+        "index": gpu["index"], "name": gpu["name"], "uuid": gpu["uuid"],
+        "memory": {"total": gpu["mem_total"], "used": gpu["mem_used"], "reserved": gpu["mem_reserved"],
+                   "free": gpu["mem_total"] - gpu["mem_used"] - gpu["mem_reserved"]},
+        "utilization": {"gpu": gpu["util_gpu"], "memory": gpu["util_mem"]},
+        "temperature_c": gpu["temp_c"],
+        "power_mw": round(gpu["power_w"] * 1000),
+        "power_limit_mw": round(gpu["power_limit_w"] * 1000),
+        "sm_clock_mhz": gpu["sm_clock_mhz"],
+        "clock_event_mask": sum(CLOCK_EVENT_BITS[name] for name in (gpu["throttle"] or "").split(",") if name),
+        "processes": [{"pid": proc["pid"], "used_mem": proc["used_mem"]} for proc in gpu["processes"]],
+        "errors": {},
+    }
+
+
+def telemetry() -> list[dict[str, Any]]:
+    """The run's stream with its GPU part made again by today's shaping (see the module's docstring)."""
+    ranks = ranks_from_log((FIXTURES / EAGLEWATCH_RUN).read_bytes())
+    messages = []
+    for message in recorded_telemetry():
+        readings = [raw_reading(gpu) for gpu in message["gpus"]]
+        reported = {proc["pid"] for gpu in readings for proc in gpu["processes"]}
+        job_tree = {proc["pid"] for proc in message["host"]["procs"]}  # as the host sampler saw it
+        gpus, mismatch, note = shape_gpus(readings, job_pids=job_tree, ranks=ranks, visible_pids=reported)
+        messages.append({**message, "gpus": gpus, "pid_namespace_mismatch": mismatch, "pid_namespace_note": note})
+    return messages
 
 
 def job_root(message: dict[str, Any]) -> int | None:
@@ -136,12 +179,14 @@ def job_root(message: dict[str, Any]) -> int | None:
 
 
 def test_telemetry_is_protocol_messages_for_both_gpus() -> None:
-    messages = telemetry()
-    assert len(messages) == 41
-    for message in messages:
+    recorded = recorded_telemetry()
+    assert len(recorded) == 41
+    for message, ours in zip(recorded, telemetry(), strict=True):
         assert message["type"] == protocol.MSG_TELEMETRY and message["nvml"] is None
         assert [g["name"] for g in message["gpus"]] == ["NVIDIA H200", "NVIDIA H200"]
-        assert message["pid_namespace_mismatch"] is False
+        # Shaped again today, the rebuilt readings give what the sampler sent.
+        assert ours["gpus"] == message["gpus"]
+        assert ours["pid_namespace_mismatch"] is message["pid_namespace_mismatch"] is False
 
 
 def test_per_process_gpu_memory_is_mapped_to_the_job() -> None:
@@ -150,17 +195,18 @@ def test_per_process_gpu_memory_is_mapped_to_the_job() -> None:
     for message in loaded:
         gpu0, gpu1 = message["gpus"]
         (proc,) = gpu0["processes"]
-        # The extraction process itself holds the GPU (in-process engine core), and it is the job's root.
+        # The extraction process itself holds the GPU (in-process engine core), and it is the job's root (the
+        # process list is the recording's; that it makes the row the job's is today's shaping).
         assert proc["in_job"] is True and proc["pid"] == job_root(message) == 1296
         # No vLLM prefix at TP=1 in-process, so no rank label.
         assert proc["rank"] is None
-        # The process is all of the GPU's used memory, to within the driver's bookkeeping.
+        # Only the recording: the process is all of the GPU's used memory, to within the driver's bookkeeping.
         assert abs(gpu0["mem_used"] - proc["used_mem"]) < 64 << 20
         # The bare vLLM run on GPU 1 is another process tree: shown, not attributed to the job.
         for other in gpu1["processes"]:
             assert other["in_job"] is False and other["pid"] == 1923
     peak = max(m["gpus"][0]["processes"][0]["used_mem"] for m in loaded)
-    assert 120 * GIB < peak < 130 * GIB  # weights + 0.9 of the card as KV cache
+    assert 120 * GIB < peak < 130 * GIB  # only the recording: weights + 0.9 of the card as KV cache
     assert any("pid 1296  job" in line for line in render_lines(loaded[-1]))
 
 
@@ -170,9 +216,11 @@ def test_telemetry_under_load_then_released() -> None:
     assert busy and all(m["gpus"][0]["processes"] for m in busy)
     assert max(m["gpus"][0]["power_w"] for m in busy) > 300
     assert any("sw_power_cap" in (m["gpus"][0]["throttle"] or "") for m in busy)
-    # The output folder fills while the job runs: 512 files of 16.8 MB, plus manifest and events.
+    # Only the recording (the host part): the output folder fills while the job runs, 512 files of 16.8 MB, plus
+    # manifest and events; at the end the job's process tree is empty.
     assert max(m["host"]["disk"]["output_files"] for m in messages) >= 286
     last = messages[-1]
     assert last["gpus"][0]["processes"] == [] and last["gpus"][0]["mem_used"] == 0
     assert last["host"]["procs"] == []
-    assert last["gpus"][1]["processes"][0]["pid"] == 1923  # the other job still holds its GPU
+    # The other job still holds its GPU, and is not taken for ours.
+    assert [(p["pid"], p["in_job"]) for p in last["gpus"][1]["processes"]] == [(1923, False)]

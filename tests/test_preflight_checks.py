@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
-from eaglewatch.pipeline.extract import ExtractConfig
+from eaglewatch.pipeline.plan import ExtractConfig
 from eaglewatch.pipeline.preflight.checks import FAIL, PASS, WARN, run_checks
 from eaglewatch.pipeline.preflight.vllm_source import InstalledVLLM, find_vllm
 

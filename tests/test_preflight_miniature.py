@@ -8,7 +8,7 @@ import pytest
 
 from conftest import FIXTURES, read_events, run_cli
 from eaglewatch.pipeline import model_info as mi
-from eaglewatch.pipeline.extract import ExtractConfig
+from eaglewatch.pipeline.plan import ExtractConfig
 from eaglewatch.pipeline.preflight.miniature import build_miniature, map_layer_ids, run_miniature
 
 KIMI = FIXTURES / "configs" / "kimi_k25_config.json"
@@ -76,6 +76,6 @@ def test_planted_engine_path_break_is_caught_with_its_root_cause(tiny_llama, pre
                    "--output-dir", out, "--layer-ids", "1", "2", "4", "--max-seq-len", "512",
                    env={"EAGLEWATCH_INJECT_FAULT": "worker_assert:0"})
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    line = next(l for l in proc.stdout.splitlines() if "miniature" in l)
+    line = next(text for text in proc.stdout.splitlines() if "miniature" in text)
     assert "[FAIL]" in line
     assert "AssertionError at vllm_connector.py" in line and "assert self._writes_submitted < self._fault_after" in line

@@ -9,6 +9,9 @@ import sys
 import threading
 import time
 
+import pytest
+
+from agent_support import wait_for
 from eaglewatch import protocol
 from eaglewatch.pipeline.telemetry import TelemetrySampler
 from eaglewatch.pipeline.telemetry.__main__ import FileFollower
@@ -59,14 +62,91 @@ def test_file_follower_reads_growth_and_restarts_after_truncation(tmp_path) -> N
     assert follower.read_new() == b"x"
 
 
-def test_run_emits_on_a_fixed_grid_and_stops_on_request() -> None:
+class FakeClock:
+    """Stands in for the sampler's clock and its stop event: waiting advances the time instead of sleeping, so the
+    schedule is checked exactly, whatever else the machine is doing."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.waits: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return 1_000_000.0 + self.now
+
+    def is_set(self) -> bool:
+        return False
+
+    def wait(self, timeout: float) -> bool:
+        assert timeout >= 0, f"asked to wait {timeout} s"
+        self.waits.append(timeout)
+        self.now += timeout
+        return False
+
+
+def run_on_fake_clock(monkeypatch, emit_takes_s: list[float], interval_s: float = 0.1) -> list[float]:
+    """The sampler's loop on a fake clock; emit i takes emit_takes_s[i] (sampling and sending). Returns the times
+    the lines were emitted at."""
+    from eaglewatch.pipeline.telemetry import sampler as sampler_module
+
+    clock = FakeClock()
+    monkeypatch.setattr(sampler_module, "time", clock)
+    sampler = TelemetrySampler(interval_s=interval_s)
+    times: list[float] = []
+
+    def emit(line: bytes) -> None:
+        times.append(clock.now)
+        clock.now += emit_takes_s[len(times) - 1]
+
+    assert sampler.run(emit, count=len(emit_takes_s), stop=clock) == len(emit_takes_s)
+    return times
+
+
+def test_run_emits_on_a_fixed_grid(monkeypatch) -> None:
+    # The time a sample takes does not push the next one back: no drift.
+    times = run_on_fake_clock(monkeypatch, [0.03] * 5)
+    assert times == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4])
+
+
+def test_a_sample_that_overruns_skips_the_missed_ticks(monkeypatch) -> None:
+    # The second sample takes 2.5 intervals: the ticks at 0.2 and 0.3 are skipped, not sent in a burst.
+    times = run_on_fake_clock(monkeypatch, [0.01, 0.25, 0.01, 0.01])
+    assert times == pytest.approx([0.0, 0.1, 0.4, 0.5])
+
+
+def test_run_on_the_real_clock_is_never_early_and_stops_on_request() -> None:
     sampler = TelemetrySampler(interval_s=0.1)
     times: list[float] = []
+    started = time.monotonic()  # the grid starts when run does, at or after this
     assert sampler.run(lambda line: times.append(time.monotonic()), count=5) == 5
-    gaps = [b - a for a, b in zip(times, times[1:])]
-    assert all(0.05 < gap < 0.3 for gap in gaps) and sum(gaps) >= 0.35
+    # A loaded machine makes samples late, never early: each is sent at or after its tick on the grid (sampling
+    # time varies, so ticks are counted from the start, not from the first line).
+    assert all(t - started >= i * 0.1 for i, t in enumerate(times)), [t - started for t in times]
+    # Stopped from the sink after the third line: no fourth.
     stop = threading.Event()
-    threading.Timer(0.25, stop.set).start()
     lines: list[bytes] = []
-    emitted = sampler.run(lines.append, stop=stop)
-    assert 2 <= emitted <= 5 and all(protocol.decode(line)["type"] == "telemetry" for line in lines)
+
+    def emit(line: bytes) -> None:
+        lines.append(line)
+        if len(lines) == 3:
+            stop.set()
+
+    assert sampler.run(emit, stop=stop) == 3
+    assert all(protocol.decode(line)["type"] == "telemetry" for line in lines)
+
+
+def test_a_stop_ends_the_wait_between_samples() -> None:
+    # An hour between samples: the run can only end this soon if the stop cuts the wait short.
+    sampler = TelemetrySampler(interval_s=3600)
+    stop = threading.Event()
+    lines: list[bytes] = []
+    result: list[int] = []
+    runner = threading.Thread(target=lambda: result.append(sampler.run(lines.append, stop=stop)), daemon=True)
+    runner.start()
+    wait_for(lambda: lines, what="the first sample")
+    stop.set()
+    runner.join(60)
+    assert not runner.is_alive(), "the run did not end when stopped"
+    assert result == [1]

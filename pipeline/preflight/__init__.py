@@ -11,12 +11,18 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from eaglewatch import protocol
+from eaglewatch.pipeline.model_info import ModelInfo
+from eaglewatch.pipeline.plan import ExtractConfig, shard_for_rank
 from eaglewatch.pipeline.preflight.checks import FAIL, PASS, WARN, CheckResult, run_checks
+from eaglewatch.pipeline.prepared_data import DataReport
 
 
 @dataclass
 class PreflightReport:
     results: list[CheckResult] = field(default_factory=list)
+    # What the checks read, for the run to go on with (None where a check failed before reading it).
+    info: ModelInfo | None = None
+    data: DataReport | None = None
 
     @property
     def failed(self) -> list[CheckResult]:
@@ -27,17 +33,21 @@ class PreflightReport:
         return not self.failed
 
 
-def run_preflight(cfg: Any, events: Any | None = None, *, miniature: bool = True, miniature_samples: int = 4,
-                  workdir: str | None = None) -> PreflightReport:
-    """The checks, then (when they all pass and ``miniature``) the miniature run."""
+def run_preflight(cfg: ExtractConfig, events: Any | None = None, *, miniature: bool = True,
+                  miniature_samples: int = 4, workdir: str | None = None) -> PreflightReport:
+    """The checks, then (when they all pass and ``miniature``) the miniature run.
+
+    ``events`` is an :class:`~eaglewatch.pipeline.events.EventLog` (or None): each result becomes a check event."""
     results, ctx = run_checks(cfg)
-    report = PreflightReport(results)
+    report = PreflightReport(results, info=ctx.info, data=ctx.data)
     for result in results:
         _emit(events, result)
     if miniature and report.passed and ctx.info is not None and ctx.layer_ids is not None:
         from eaglewatch.pipeline.preflight.miniature import run_miniature
 
-        mini = run_miniature(cfg, ctx.info, ctx.layer_ids, samples=miniature_samples, workdir=workdir)
+        samples = shard_for_rank(ctx.data.samples, cfg.rank, cfg.world_size) if ctx.data is not None else None
+        mini = run_miniature(cfg, ctx.info, ctx.layer_ids, samples=miniature_samples, workdir=workdir,
+                             data=samples)
         result = CheckResult("miniature", mini.status, mini.reason,
                              "" if mini.status == PASS else f"see {mini.log_path}; fix this before the real load",
                              details={"layer_map": mini.layer_map, "seconds": round(mini.seconds, 1),

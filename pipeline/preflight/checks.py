@@ -1,5 +1,5 @@
 """Preflight checks: each fast (no weights read, no engine imported), each a pass, warn or fail with a reason and
-a fix. They reuse the validators ``extract`` itself runs, so the two can never disagree.
+a fix. They reuse the validators of ``plan`` that ``extract`` itself runs, so the two can never disagree.
 """
 
 from __future__ import annotations
@@ -9,11 +9,15 @@ import shutil
 import struct
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from types import EllipsisType
+from typing import Any, Callable, Iterable
 
 from eaglewatch.errors import UserError
 from eaglewatch.pipeline import model_info as mi
-from eaglewatch.pipeline.prepared_data import load_prepared
+from eaglewatch.pipeline import output
+from eaglewatch.pipeline import plan
+from eaglewatch.pipeline.engines import cpu_build_of_vllm
+from eaglewatch.pipeline.prepared_data import DataReport
 from eaglewatch.pipeline.preflight.known_issues import KNOWN_ISSUES, RunFacts
 from eaglewatch.pipeline.preflight.vllm_source import (
     InstalledVLLM,
@@ -43,13 +47,14 @@ class CheckResult:
 
 @dataclass
 class Context:
-    cfg: Any  # ExtractConfig
+    cfg: plan.ExtractConfig
     vllm: InstalledVLLM | None
     visible_gpus: int | None  # None: not knowable / not needed (CPU build, HF engine)
     gpu_memory_bytes: int | None  # smallest visible GPU's total memory
     info: mi.ModelInfo | None = None
     layer_ids: list[int] | None = None
     dtype: str | None = None
+    data: DataReport | None = None  # the whole prepared data, read once, handed on to the run
     tokens: int = 0
     samples: int = 0
 
@@ -80,7 +85,8 @@ def check_model(ctx: Context) -> list[CheckResult]:
             known = quantization_methods(ctx.vllm)
             status = PASS if method in known else FAIL
             results.append(CheckResult("quantisation", status, f"quant_method {method!r} "
-                                       + ("is supported" if status == PASS else f"is unknown to vLLM {ctx.vllm.version}"),
+                                       + ("is supported" if status == PASS
+                                          else f"is unknown to vLLM {ctx.vllm.version}"),
                                        "" if status == PASS else "use a vLLM that supports it, or a dequantised copy"))
     elif method and ctx.cfg.engine == "hf":
         results.append(CheckResult("quantisation", WARN, f"quant_method {method!r}: the hf engine needs its "
@@ -151,12 +157,10 @@ def check_layers(ctx: Context) -> list[CheckResult]:
 
 
 def check_parallelism(ctx: Context) -> list[CheckResult]:
-    from eaglewatch.pipeline.extract import check_parallelism as validate
-
     info = ctx.info
     assert info is not None
     try:
-        validate(info, ctx.cfg, ctx.visible_gpus)
+        plan.check_parallelism(info, ctx.cfg, ctx.visible_gpus)
     except UserError as exc:
         return [_fail("parallelism", exc, "pick a --tp-size that divides the heads and fits the visible GPUs")]
     results = [CheckResult("parallelism", PASS, f"TP {ctx.cfg.tp_size}: {info.num_attention_heads} heads"
@@ -173,13 +177,14 @@ def check_data(ctx: Context) -> list[CheckResult]:
     info = ctx.info
     assert info is not None
     try:
-        report = load_prepared(ctx.cfg.prepared_data, vocab_size=info.vocab_size, max_seq_len=ctx.cfg.max_seq_len,
-                               long_samples=ctx.cfg.long_samples, max_samples=ctx.cfg.max_samples)
+        report = plan.read_data(ctx.cfg, info)
     except UserError as exc:
         return [_fail("data", exc, "regenerate it with `eaglewatch prepare` using this model's tokenizer")]
-    from eaglewatch.pipeline.extract import shard_for_rank
-
-    samples = shard_for_rank(report.samples, ctx.cfg.rank, ctx.cfg.world_size)
+    ctx.data = report
+    samples = plan.shard_for_rank(report.samples, ctx.cfg.rank, ctx.cfg.world_size)
+    if not samples:
+        return [CheckResult("data", FAIL, f"--rank {ctx.cfg.rank} of --world-size {ctx.cfg.world_size} gets no "
+                            f"samples ({len(report.samples)} in all)", "use fewer ranks for this much data")]
     ctx.samples, ctx.tokens = len(samples), sum(s.num_tokens for s in samples)
     histogram = length_histogram([s.num_tokens for s in samples])
     reason = (f"{ctx.samples} samples, {ctx.tokens} tokens, longest {max(s.num_tokens for s in samples)}"
@@ -207,7 +212,8 @@ def check_memory(ctx: Context) -> list[CheckResult]:
     budget = ctx.gpu_memory_bytes * ctx.cfg.gpu_memory_utilization
     share = per_gpu / budget
     text = (f"weights {per_gpu / 2**30:.1f} GiB per GPU at TP {ctx.cfg.tp_size}, budget "
-            f"{budget / 2**30:.1f} GiB ({ctx.cfg.gpu_memory_utilization:.2f} of {ctx.gpu_memory_bytes / 2**30:.0f} GiB)")
+            f"{budget / 2**30:.1f} GiB ({ctx.cfg.gpu_memory_utilization:.2f} of "
+            f"{ctx.gpu_memory_bytes / 2**30:.0f} GiB)")
     if share >= 1:
         return [CheckResult("memory", FAIL, text + ": the weights alone do not fit",
                             "raise --tp-size or --gpu-memory-utilization")]
@@ -218,11 +224,9 @@ def check_memory(ctx: Context) -> list[CheckResult]:
 
 
 def check_disk(ctx: Context) -> list[CheckResult]:
-    from eaglewatch.pipeline import output
-
     info = ctx.info
     assert info is not None and ctx.layer_ids is not None
-    out = Path(ctx.cfg.output_dir).expanduser()
+    out = ctx.cfg.output_path
     try:
         output.check_writable(out)
     except UserError as exc:
@@ -263,18 +267,18 @@ CHECKS: tuple[Callable[[Context], list[CheckResult]], ...] = (
     check_model, check_versions, check_layers, check_parallelism, check_data, check_memory, check_disk)
 
 
-def run_checks(cfg: Any, *, vllm: InstalledVLLM | None = ..., visible_gpus: int | None = ...,
-               gpu_memory_bytes: int | None = ...) -> tuple[list[CheckResult], Context]:
-    """Run every check; later checks that need the model are skipped when the model folder failed."""
-    from eaglewatch.pipeline.extract import cpu_build_of_vllm
+def run_checks(cfg: plan.ExtractConfig, *, vllm: InstalledVLLM | None | EllipsisType = ...,
+               visible_gpus: int | None | EllipsisType = ...,
+               gpu_memory_bytes: int | None | EllipsisType = ...) -> tuple[list[CheckResult], Context]:
+    """Run every check; later checks that need the model are skipped when the model folder failed.
 
-    if vllm is ...:
-        vllm = find_vllm()
-    if visible_gpus is ... or gpu_memory_bytes is ...:
+    ``...`` (the default) means: find out here (the installed vLLM; the visible GPUs and their memory)."""
+    installed = find_vllm() if isinstance(vllm, EllipsisType) else vllm
+    if isinstance(visible_gpus, EllipsisType) or isinstance(gpu_memory_bytes, EllipsisType):
         gpus = None if (cfg.engine == "hf" or cpu_build_of_vllm()) else gpu_memory_totals()
         visible_gpus = len(gpus) if gpus is not None else None
         gpu_memory_bytes = min(gpus) if gpus else None
-    ctx = Context(cfg=cfg, vllm=vllm, visible_gpus=visible_gpus, gpu_memory_bytes=gpu_memory_bytes)
+    ctx = Context(cfg=cfg, vllm=installed, visible_gpus=visible_gpus, gpu_memory_bytes=gpu_memory_bytes)
     results: list[CheckResult] = []
     for check in CHECKS:
         if check is not check_model and ctx.info is None:
@@ -298,7 +302,7 @@ def gpu_memory_totals() -> list[int]:
     except Exception:
         return []
     try:
-        indexes = range(pynvml.nvmlDeviceGetCount())
+        indexes: Iterable[int] = range(pynvml.nvmlDeviceGetCount())
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         if visible is not None:
             wanted = [v.strip() for v in visible.split(",") if v.strip() and v.strip() != "-1"]

@@ -6,20 +6,20 @@ import argparse
 import json
 import sys
 
-from eaglewatch.pipeline import extract
+from eaglewatch.pipeline import plan
 
 HELP = "check an extraction in seconds (model, layers, TP, data, memory, disk, versions) and run a miniature"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    extract.add_arguments(parser)
+    plan.add_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
     from eaglewatch.pipeline.preflight import print_table, run_preflight
 
-    cfg = extract.ExtractConfig.from_args(args)
+    cfg = plan.ExtractConfig.from_args(args)
     report = run_preflight(cfg, miniature=not args.no_miniature, miniature_samples=args.miniature_samples)
     if args.json:
         print(json.dumps({"passed": report.passed, "results": [r.as_dict() for r in report.results]}, indent=2))

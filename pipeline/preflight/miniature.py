@@ -16,10 +16,16 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
+from eaglewatch.pipeline.engines import cpu_build_of_vllm
 from eaglewatch.pipeline.events import EVENTS_FILE_ENV
+from eaglewatch.pipeline.model_info import ModelInfo
+from eaglewatch.pipeline.plan import ExtractConfig
+from eaglewatch.pipeline.prepared_data import Sample, iter_prepared
+from eaglewatch.pipeline.verify import verify
 
 MINI_LAYERS = 4
 MINI_MAX_TOKENS = 256
@@ -74,27 +80,25 @@ def _text_architecture(model_type: str, text: dict[str, Any]) -> str:
     return (text.get("architectures") or [known.get(model_type, "LlamaForCausalLM")])[0]
 
 
-def write_mini_data(prepared: str, out: Path, vocab_size: int, count: int) -> int:
+def write_mini_data(samples: Iterable[Sample], out: Path, vocab_size: int, count: int) -> int:
     """A few real samples: their lengths (capped) and masks, token ids folded into the miniature's vocabulary."""
     written = 0
-    with open(prepared, encoding="utf-8") as src, open(out, "w") as dst:
-        for line in src:
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            ids = [int(t) % vocab_size for t in row["input_ids"][:MINI_MAX_TOKENS]]
+    with open(out, "w") as dst:
+        for sample in islice(samples, count):
+            ids = [t % vocab_size for t in sample.input_ids[:MINI_MAX_TOKENS]]
             dst.write(json.dumps({"id": f"mini-{written}", "input_ids": ids,
-                                  "loss_mask": row["loss_mask"][:MINI_MAX_TOKENS]}) + "\n")
+                                  "loss_mask": sample.loss_mask[:MINI_MAX_TOKENS]}) + "\n")
             written += 1
-            if written >= count:
-                break
     return written
 
 
-def run_miniature(cfg: Any, info: Any, layer_ids: list[int], *, samples: int = 4, workdir: str | None = None,
-                  keep: bool = False, timeout_s: float = 600) -> MiniatureResult:
-    from eaglewatch.pipeline.extract import cpu_build_of_vllm
+def run_miniature(cfg: ExtractConfig, info: ModelInfo, layer_ids: list[int], *, samples: int = 4,
+                  workdir: str | None = None, keep: bool = False, timeout_s: float = 600,
+                  data: Iterable[Sample] | None = None) -> MiniatureResult:
+    """Build the miniature, extract with it in a subprocess, verify the output.
 
+    ``data`` is the run's samples when the caller has read the prepared data already; otherwise the first
+    ``samples`` lines of ``cfg.prepared_data`` are read."""
     started = time.monotonic()
     depth, mapping = map_layer_ids(layer_ids, info.num_hidden_layers)
     base = Path(workdir or tempfile.mkdtemp(prefix="eaglewatch-miniature-"))
@@ -107,7 +111,14 @@ def run_miniature(cfg: Any, info: Any, layer_ids: list[int], *, samples: int = 4
         return MiniatureResult("fail", f"cannot build a miniature of this config: {type(exc).__name__}: {exc}",
                                mapping, time.monotonic() - started)
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
-    n = write_mini_data(cfg.prepared_data, base / "data.jsonl", vocab, samples)
+    if data is None:
+        lines = iter_prepared(cfg.prepared_data)
+        try:
+            n = write_mini_data(lines, base / "data.jsonl", vocab, samples)
+        finally:
+            lines.close()
+    else:
+        n = write_mini_data(data, base / "data.jsonl", vocab, samples)
     mini_ids = [mapping[k] for k in layer_ids]
     argv = [sys.executable, "-m", "eaglewatch", "extract", "--no-preflight", "--engine", cfg.engine,
             "--model-path", str(model), "--prepared-data", str(base / "data.jsonl"), "--output-dir",
@@ -134,8 +145,6 @@ def run_miniature(cfg: Any, info: Any, layer_ids: list[int], *, samples: int = 4
         root = decode_root_cause(log_path)
         summary = root["summary"] if root else f"extract exited with code {code}"
         return MiniatureResult("fail", f"the {where} failed: {summary}", mapping, elapsed, str(log_path), root)
-    from eaglewatch.pipeline.verify import verify
-
     report = verify(base / "out", against_hf=1 if cfg.engine == "vllm" else 0)
     details = {"against_hf": report.against_hf} if report.against_hf else {}
     if report.problems or report.missing:

@@ -172,6 +172,9 @@ class OutputDiskWatch:
     def sample(self, now: float | None = None) -> dict[str, Any]:
         now = time.monotonic() if now is None else now
         fs_path = _existing_ancestor(self.path)
+        free: int | None
+        total: int | None
+        used: int | None
         try:
             usage = shutil.disk_usage(fs_path)
             free, total, used = usage.free, usage.total, usage.used
@@ -245,7 +248,9 @@ class HostSampler:
         psutil_module: Any = None,
     ) -> None:
         self.psutil = psutil_module if psutil_module is not None else _import_psutil()
-        self.disk = OutputDiskWatch(output_dir, scan_min_interval_s=scan_min_interval_s) if output_dir else None
+        self.scan_min_interval_s = scan_min_interval_s
+        self.disk: OutputDiskWatch | None = None
+        self.set_output_dir(output_dir)
         self.max_procs = max_procs
         self._procs: dict[int, Any] = {}
         self._cpu_primed: set[int] = set()
@@ -260,6 +265,12 @@ class HostSampler:
         if self.psutil is not None:
             self.psutil.cpu_percent(interval=None)  # the first call only primes the counter
             self._cpu_primed_at = time.monotonic()
+
+    def set_output_dir(self, output_dir: str | None) -> None:
+        """Watch this folder's disk (None: no disk); its growth is measured afresh."""
+        if self.disk is not None and output_dir and os.path.abspath(output_dir) == self.disk.path:
+            return
+        self.disk = OutputDiskWatch(output_dir, scan_min_interval_s=self.scan_min_interval_s) if output_dir else None
 
     # -- the job's process tree ------------------------------------------------------------------------
     def job_tree(self, roots: Iterable[int]) -> list[Any]:

@@ -134,7 +134,7 @@ class NvmlSource:
         nv = self._module
         if nv is None:
             try:
-                import pynvml as nv  # noqa: PLC0415 - optional, heavy-ish, GPU hosts only
+                import pynvml  # noqa: PLC0415 - optional, heavy-ish, GPU hosts only
             except ImportError:
                 self.reason = (
                     "the nvidia-ml-py package (pynvml) is not installed, so GPU telemetry is off "
@@ -142,6 +142,7 @@ class NvmlSource:
                 )
                 log.warning("telemetry: %s", self.reason)
                 return False
+            nv = pynvml
         self._nv = nv
         try:
             nv.nvmlInit()

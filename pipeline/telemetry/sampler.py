@@ -48,6 +48,12 @@ class TelemetrySampler:
         self.host = host if host is not None else HostSampler(output_dir)
         self.raw_sink = raw_sink
 
+    def set_output_dir(self, output_dir: str | None) -> None:
+        """Watch another folder's disk from the next sample on (a new run, or the job said where it writes)."""
+        if output_dir != self.output_dir:
+            self.output_dir = output_dir
+            self.host.set_output_dir(output_dir)
+
     @property
     def nvml_reason(self) -> str | None:
         """Why there is no GPU telemetry, or None when there is (after the first sample)."""

@@ -14,7 +14,7 @@ Memory is in bytes, power in watts, utilisation in percent. A value NVML could n
 
 from __future__ import annotations
 
-from typing import Any, Collection, Iterable, Mapping
+from typing import Any, Collection, Iterable, Mapping, Sequence
 
 # Clock event (throttle) reasons from nvml.h, in the order they are named. "GPU idle" (0x1) is left out on
 # purpose: an idle GPU shows in its utilisation, and naming it a throttle would flag every idle card.
@@ -138,7 +138,7 @@ def shape_gpu(
 
 
 def shape_gpus(
-    raw_gpus: list[Mapping[str, Any]],
+    raw_gpus: Sequence[Mapping[str, Any]],
     *,
     job_pids: Collection[int] = (),
     ranks: Mapping[int, str] | None = None,

@@ -8,7 +8,7 @@ Connection; screens use it from their own thread workers.
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from textual import work
 from textual.app import App, ComposeResult
@@ -19,7 +19,13 @@ from textual.worker import get_current_worker
 from eaglewatch.tui.app.screens.dialogs import HostKeyScreen
 from eaglewatch.tui.app.screens.run import RunScreen
 from eaglewatch.tui.app.screens.runs import RunsScreen
+from eaglewatch.tui.messages import RunSummary
 from eaglewatch.tui.runstate import RunModel, Thresholds
+
+if TYPE_CHECKING:
+    from textual.worker import Worker
+
+    from eaglewatch.tui.connection import Connection, UnknownHostKeyError
 
 
 def _css_path() -> str:
@@ -47,25 +53,29 @@ class DashboardApp(App):
         self,
         host: str = "local",
         *,
+        target: Optional[str] = None,
         run: Optional[str] = None,
         launch: Optional[LaunchRequest] = None,
-        connection: Any = None,
+        connection: "Optional[Connection]" = None,
         connect_kwargs: Optional[dict[str, Any]] = None,
         read_only: bool = False,
-        thresholds: Thresholds = Thresholds(),
+        thresholds: Optional[Thresholds] = None,
         model: Optional[RunModel] = None,
         telemetry: bool = True,
     ) -> None:
-        """``connection``: a Connection, connected or not (else one is made from ``host`` and ``connect_kwargs``).
+        """``host``: the name shown and used in the goodbye line (a named host of the config file, say);
+        ``target``: what to connect to when that is not ``host`` itself (the named host's target).
+        ``connection``: a Connection, connected or not (else one is made from the target and ``connect_kwargs``).
         ``model``: show this already-fed model and connect to nothing (replays, snapshots)."""
         super().__init__()
         self.host = host
+        self.target = target or host
         self.run_request = run
         self.launch_request = launch
         self.connection = connection
         self.connect_kwargs = dict(connect_kwargs or {})
         self.read_only = read_only
-        self.thresholds = thresholds
+        self.thresholds = thresholds or Thresholds()
         self.preloaded = model
         self.telemetry = telemetry
         self.opened_runs: list[str] = []
@@ -94,17 +104,16 @@ class DashboardApp(App):
     def _start(self) -> None:
         worker = get_current_worker()
         try:
-            self._connect(worker)
+            connection = self._connect(worker)
             if worker.is_cancelled:
                 return
             if self.launch_request is not None:
                 request = self.launch_request
                 self.call_from_thread(self.set_status, f"launching on {self.host}: {' '.join(request.argv)}")
-                summary = self.connection.launch(request.argv, cwd=request.cwd, env=request.env,
-                                                 name=request.name)
+                summary = connection.launch(request.argv, cwd=request.cwd, env=request.env, name=request.name)
                 self.call_from_thread(self.open_run, summary, False)
             elif self.run_request is not None:
-                summary = self.connection.status(self.run_request)
+                summary = connection.status(self.run_request)
                 self.call_from_thread(self.open_run, summary, False)
             else:
                 self.call_from_thread(self.push_screen, RunsScreen())
@@ -113,25 +122,26 @@ class DashboardApp(App):
                 self.call_from_thread(self.set_status, f" {exc}\n\nctrl+c quits.", f"cannot open {self.host}:")
                 self.call_from_thread(self.notify, str(exc), severity="error", timeout=20)
 
-    def _connect(self, worker) -> None:
+    def _connect(self, worker: "Worker[None]") -> "Connection":
         from eaglewatch.tui.connection import IDLE, Connection, UnknownHostKeyError
 
         if self.connection is None:
-            self.connection = Connection(self.host, **self.connect_kwargs)
-        if self.connection.state != IDLE:
-            return
+            self.connection = Connection(self.target, **self.connect_kwargs)
+        connection = self.connection
+        if connection.state != IDLE:
+            return connection
         for _ in range(3):
             try:
-                self.connection.connect()
-                return
+                connection.connect()
+                return connection
             except UnknownHostKeyError as exc:
                 if not self._ask_host_key(exc, worker):
                     raise RuntimeError(f"refused the host key of {exc.host_id} ({exc.fingerprint})") from None
-                self.connection.accept_host_key(exc)
+                connection.accept_host_key(exc)
                 self.call_from_thread(self.notify, f"recorded {exc.host_id} {exc.fingerprint}")
         raise RuntimeError("could not connect after accepting the host key")
 
-    def _ask_host_key(self, exc, worker) -> bool:
+    def _ask_host_key(self, exc: "UnknownHostKeyError", worker: "Worker[None]") -> bool:
         answered = threading.Event()
         answer: list[bool] = []
 
@@ -148,7 +158,13 @@ class DashboardApp(App):
 
     # ------------------------------------------------------------------ screens
 
-    def open_run(self, summary: dict[str, Any], replace: bool) -> None:
+    def live_connection(self) -> "Connection":
+        """The connection, for the screens' thread workers: every screen that uses it opens after connecting."""
+        if self.connection is None:
+            raise RuntimeError(f"not connected to {self.host}")
+        return self.connection
+
+    def open_run(self, summary: RunSummary, replace: bool) -> None:
         """Show one run; ``replace`` swaps the current run screen (after a restart)."""
         run = summary["run"]
         self.opened_runs.append(run)

@@ -4,57 +4,63 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from eaglewatch.errors import UserError
 from eaglewatch.tui.commands import _common
+
+if TYPE_CHECKING:
+    from eaglewatch.tui.app.app import DashboardApp
+    from eaglewatch.tui.config import Config
+    from eaglewatch.tui.connection import Connection
+    from eaglewatch.tui.runstate import Thresholds
 
 HELP = "open the dashboard: the runs on HOST (default: this machine), or one run live"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("host", metavar="HOST", nargs="?", default=None,
-                        help="a host from the config file, an ssh-config alias, user@host[:port], or 'local'")
+    parser.add_argument("host", metavar="HOST", nargs="?", default=None, help=_common.HOST_HELP)
     parser.add_argument("run", metavar="RUN", nargs="?", default=None,
                         help="attach to this run at once (id, unique prefix, or name)")
     parser.add_argument("--profile", default=None, help="launch this saved profile from the config file, then watch it")
     parser.add_argument("--read-only", action="store_true", help="refuse every key that would change a job")
     parser.add_argument("--stall-after", type=float, default=None, metavar="MIN",
                         help="alert when loading or extraction makes no progress for MIN minutes (default 5)")
-    parser.add_argument("--config", default=None, help="config file (default $EAGLEWATCH_CONFIG or "
-                                                       "~/.config/eaglewatch/config.toml)")
-    _common.add_connection_options(parser)
+    _common.add_connection_options(parser)  # --config among them
 
 
 def interactive() -> bool:
     return sys.stdin.isatty() and sys.stdout.isatty()
 
 
-def thresholds_from(cfg: Any, stall_after_min: Optional[float]) -> Any:
+def thresholds_from(cfg: "Config", stall_after_min: Optional[float]) -> "Thresholds":
     from eaglewatch.tui.runstate import Thresholds
 
     stall = stall_after_min * 60 if stall_after_min is not None else cfg.stall_after_s
     return Thresholds(stall_after_s=stall, low_disk_bytes=cfg.low_disk_bytes)
 
 
-def run_app(app: Any) -> int:
+def run_app(app: "DashboardApp") -> int:
     """Run the dashboard; say what became of the run when it closes."""
     result = app.run()
     if isinstance(result, tuple):
-        what, run, *ended = result
+        what, run, *rest = result
         if what == "detached" and run:
             print(f"eaglewatch: detached from {run} on {app.host}; it keeps running. "
                   f"Reattach: eaglewatch {app.host} {run}", file=sys.stderr)
         elif what == "left" and run:
-            print(f"eaglewatch: {run} on {app.host} has ended ({ended[0] if ended else 'exited'}). "
+            how = f" ({rest[0]})" if rest and rest[0] else ""  # the run screen's RunView.exit_text
+            print(f"eaglewatch: {run} on {app.host} has ended{how}. "
                   f"Look again: eaglewatch {app.host} {run}", file=sys.stderr)
         elif what == "stopped" and run:
             print(f"eaglewatch: stopped {run} on {app.host}", file=sys.stderr)
     return int(app.return_code or 0)
 
 
-def open_run(connection: Any, run: str, host: str, read_only: bool = False, thresholds: Any = None) -> int:
-    """Open the dashboard on ``run`` over an already connected ``connection`` (launch, demo)."""
+def open_run(connection: "Connection", run: str, host: str, read_only: bool = False,
+             thresholds: "Optional[Thresholds]" = None) -> int:
+    """Open the dashboard on ``run`` over an already connected ``connection`` (launch, demo); ``host`` is the name
+    the operator gave it."""
     from eaglewatch.tui.app.app import DashboardApp
     from eaglewatch.tui.runstate import Thresholds
 
@@ -64,7 +70,7 @@ def open_run(connection: Any, run: str, host: str, read_only: bool = False, thre
 
 
 def run(args: argparse.Namespace) -> int:
-    from eaglewatch.tui.app import config
+    from eaglewatch.tui import config
 
     if not interactive():
         raise UserError("the dashboard needs a terminal; without one use `eaglewatch runs HOST` and "
@@ -81,12 +87,10 @@ def run(args: argparse.Namespace) -> int:
         from eaglewatch.tui.app.app import LaunchRequest
 
         launch = LaunchRequest(profile.argv, profile.cwd, profile.env, profile.run_name or profile.name)
-    entry = cfg.host(host_name or "local")
-    if entry.python and args.python == "python3":
-        args.python = entry.python
-    connect_kwargs = {"run_root": args.run_root or entry.run_root, "ssh_options": _common.ssh_options(args)}
+    target = _common.resolve_host(args, host_name, cfg)
     from eaglewatch.tui.app.app import DashboardApp
 
-    app = DashboardApp(entry.target, run=args.run, launch=launch, connect_kwargs=connect_kwargs,
+    app = DashboardApp(target.name, target=target.spec, run=args.run, launch=launch,
+                       connect_kwargs={"run_root": target.run_root, "ssh_options": target.ssh_options},
                        read_only=args.read_only, thresholds=thresholds_from(cfg, args.stall_after))
     return run_app(app)

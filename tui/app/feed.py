@@ -4,6 +4,9 @@
 telemetry queue and folds them into the RunModel (decoder and state are pure; this is the only place they
 are fed). It never posts a message per line: the screen polls ``model.version`` at a fixed rate and redraws
 when it moved. Every wait is short and checks ``cancelled()``, so leaving the screen stops the loop at once.
+
+A local run's free disk is measured here when the agent's telemetry has none: at the folder the job said it writes
+to (``RunModel.output_dir``: its ``info`` event's ``output_dir``, the run directory until that came).
 """
 
 from __future__ import annotations
@@ -13,9 +16,14 @@ import queue
 import shutil
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
+from eaglewatch.tui.messages import Item, LogChunk, Notice, RunSummary
 from eaglewatch.tui.runstate import RunModel
+
+if TYPE_CHECKING:
+    from eaglewatch.tui.connection.stream import RunWatch, Sink
+    from eaglewatch.tui.connection.target import Endpoint
 
 POLL_S = 0.05  # longest wait for a batch: bounds the time to notice cancellation
 TICK_S = 0.25  # how often idle tracebacks are completed and stalls checked
@@ -30,20 +38,25 @@ SLICE_BYTES = 32 * 1024
 MAX_PENDING_BATCHES = 16
 
 
-def output_dir_of(summary: dict[str, Any]) -> Optional[str]:
-    """Where a run writes (``--output-dir`` of extract, ``--workdir`` of demo), else its run directory."""
-    argv = list(summary.get("argv") or [])
-    cwd = summary.get("cwd") or os.getcwd()
-    for flag in ("--output-dir", "--workdir"):
-        for i, word in enumerate(argv):
-            value = None
-            if word == flag and i + 1 < len(argv):
-                value = argv[i + 1]
-            elif word.startswith(flag + "="):
-                value = word.split("=", 1)[1]
-            if value:
-                return os.path.join(cwd, os.path.expanduser(value))
-    return summary.get("run_dir")
+class RunSource(Protocol):
+    """What :func:`follow_run` uses of a connection (``eaglewatch.tui.connection.Connection``)."""
+
+    host_items: "queue.Queue[list[Item]]"  # telemetry, notices and link states that belong to no one run
+
+    @property
+    def endpoint(self) -> "Optional[Endpoint]":  # None: the agent runs on this machine
+        ...
+
+    def status(self, run: str) -> RunSummary: ...
+
+    def gpu_history(self, run: str, limit: int = 60) -> list[dict[str, Any]]: ...
+
+    def telemetry(self, interval_s: float) -> dict[str, Any]: ...
+
+    def watch(self, run: str, *, log_offset: int = 0, events_offset: int = 0,
+              callback: "Optional[Sink]" = None) -> "RunWatch": ...
+
+    def unwatch(self, watch: "RunWatch") -> None: ...
 
 
 def _existing_parent(path: str) -> Optional[str]:
@@ -69,8 +82,8 @@ def local_disk(path: Optional[str]) -> Optional[tuple[int, int]]:
     return usage.free, usage.total
 
 
-def drain(q: "queue.Queue[list[Any]]") -> list[Any]:
-    items: list[Any] = []
+def drain(q: "queue.Queue[list[Item]]") -> list[Item]:
+    items: list[Item] = []
     while True:
         try:
             items.extend(q.get_nowait())
@@ -78,13 +91,13 @@ def drain(q: "queue.Queue[list[Any]]") -> list[Any]:
             return items
 
 
-def feed_sliced(model: RunModel, items: list[Any], cancelled: Callable[[], bool]) -> None:
-    pending: list[Any] = []
+def feed_sliced(model: RunModel, items: list[Item], cancelled: Callable[[], bool]) -> None:
+    pending: list[Item] = []
     for item in items:
-        data = getattr(item, "data", None)
-        if type(item).__name__ != "LogChunk" or len(data) <= SLICE_BYTES:
+        if not isinstance(item, LogChunk) or len(item.data) <= SLICE_BYTES:
             pending.append(item)
             continue
+        data = item.data
         if pending:
             model.feed_items(pending)
             pending = []
@@ -98,7 +111,7 @@ def feed_sliced(model: RunModel, items: list[Any], cancelled: Callable[[], bool]
 
 
 def follow_run(
-    connection: Any,
+    connection: RunSource,
     model: RunModel,
     run: str,
     cancelled: Callable[[], bool],
@@ -107,8 +120,7 @@ def follow_run(
     """Stream one run into ``model`` until ``cancelled()``; the whole log from offset 0 (reattaching rebuilds)."""
     summary = connection.status(run)
     model.set_summary(summary)
-    local = getattr(connection, "endpoint", "remote") is None
-    disk_path = output_dir_of(summary) if local else None
+    local = connection.endpoint is None
     if telemetry:
         drain(connection.host_items)  # samples taken while no run was watched are stale
         try:
@@ -119,18 +131,16 @@ def follow_run(
         try:
             connection.telemetry(TELEMETRY_INTERVAL_S)
         except Exception as exc:  # an agent without telemetry still streams the run
-            from eaglewatch.tui.connection import Notice
-
             model.feed_items([Notice(None, f"no telemetry: {exc}")])
-    pending: "queue.Queue[list[Any]]" = queue.Queue(maxsize=MAX_PENDING_BATCHES)
+    pending: "queue.Queue[list[Item]]" = queue.Queue(maxsize=MAX_PENDING_BATCHES)
     # Until the agent has answered the watch request, batches are kept aside without a bound: this thread is
     # waiting for that answer, and the reader thread that must deliver it would otherwise wait on a full queue
     # that nobody empties (a run with a long log and many events hung that way on reattach).
-    early: list[list[Any]] = []
+    early: list[list[Item]] = []
     early_lock = threading.Lock()
     subscribed = threading.Event()
 
-    def hand_off(batch: list[Any]) -> None:  # on the connection's reader thread
+    def hand_off(batch: list[Item]) -> None:  # on the connection's reader thread
         if not subscribed.is_set():
             with early_lock:
                 if not subscribed.is_set():
@@ -169,9 +179,10 @@ def follow_run(
             if now - last_tick >= TICK_S:
                 last_tick = now
                 model.tick()
-            if disk_path and now - last_disk >= DISK_EVERY_S:
+            if local and now - last_disk >= DISK_EVERY_S:
                 last_disk = now
-                disk = local_disk(disk_path)
+                # Asked each time: the job says where it writes some time after it started.
+                disk = local_disk(model.output_dir())
                 if disk:
                     model.feed_disk(*disk)
     finally:

@@ -1,20 +1,33 @@
-"""What the host commands (launch, runs, attach, stop, restart) share: HOST and SSH options, connecting,
-turning connection errors into one clear sentence."""
+"""What the host commands (launch, runs, attach, stop, restart) and the dashboard share: HOST and SSH options,
+resolving HOST (named hosts from the config file included), connecting, turning connection errors into one clear
+sentence."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, NoReturn, Optional, ParamSpec, TypeVar
 
 from eaglewatch.errors import UserError
+from eaglewatch.tui import config
+from eaglewatch.tui.messages import RunSummary
+from eaglewatch.tui.runend import run_end
+
+if TYPE_CHECKING:
+    from eaglewatch.tui.connection import Connection, SSHOptions, UnknownHostKeyError
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 REMOTE_PYTHON_ENV = "EAGLEWATCH_REMOTE_PYTHON"
+DEFAULT_REMOTE_PYTHON = "python3"
+HOST_HELP = "a host from the config file, an ssh-config alias, user@host[:port], or 'local'"
 
 
 def add_host_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("host", metavar="HOST", help="an ssh-config alias, user@host[:port], or 'local'")
+    parser.add_argument("host", metavar="HOST", help=HOST_HELP)
     add_connection_options(parser)
 
 
@@ -28,25 +41,47 @@ def add_connection_options(parser: argparse.ArgumentParser) -> None:
                           "GlobalKnownHostsFile in the ssh config, else ~/.ssh/known_hosts and the system one)")
     ssh.add_argument("-i", "--identity", action="append", default=[], metavar="FILE", help="private key file")
     ssh.add_argument("--no-ssh-agent", action="store_true", help="do not use keys from ssh-agent")
-    ssh.add_argument("--python", default=os.environ.get(REMOTE_PYTHON_ENV, "python3"),
-                     help=f"Python on the host that runs the agent (default: ${REMOTE_PYTHON_ENV} or python3)")
+    ssh.add_argument("--python", default=None,
+                     help="Python on the host that runs the agent (default: the host's python in the config file, "
+                          f"else ${REMOTE_PYTHON_ENV}, else {DEFAULT_REMOTE_PYTHON})")
     ssh.add_argument("--accept-host-key", metavar="FINGERPRINT", default=None,
                      help="accept an unknown host key with this SHA256 fingerprint and record it in known_hosts")
+    ssh.add_argument("--config", default=None, metavar="FILE",
+                     help=f"config file with named hosts (default: ${config.CONFIG_ENV} or {config.DEFAULT_CONFIG})")
 
 
-def ssh_options(args: argparse.Namespace) -> Any:
+@dataclass(frozen=True)
+class HostTarget:
+    """HOST resolved: what to connect to, with which run root and SSH options."""
+
+    name: str  # as the operator wrote it (a named host, an alias, user@host[:port], local)
+    spec: str  # what Connection takes: 'local', an ssh-config alias, user@host[:port]
+    run_root: Optional[str]
+    ssh_options: "SSHOptions"
+
+
+def resolve_host(args: argparse.Namespace, host: Optional[str] = None,
+                 cfg: Optional[config.Config] = None) -> HostTarget:
+    """The one way HOST is read, by every command that takes one: ``host`` (else ``args.host``, else local) is a
+    named host of the config file (``cfg``, else the one ``--config`` or the default place names) or a target
+    itself. Options given on the command line win over the named host's ``run_root`` and ``python``."""
     from eaglewatch.tui.connection import SSHOptions
 
-    return SSHOptions(
+    cfg = cfg if cfg is not None else config.load(args.config)
+    name = host or getattr(args, "host", None) or "local"
+    entry = cfg.host(name)
+    python = args.python or entry.python or os.environ.get(REMOTE_PYTHON_ENV) or DEFAULT_REMOTE_PYTHON
+    options = SSHOptions(
         config_path=args.ssh_config,
         known_hosts=tuple(args.known_hosts) if args.known_hosts else None,
         identity_files=tuple(args.identity),
         use_ssh_agent=not args.no_ssh_agent,
-        python=args.python,
+        python=python,
     )
+    return HostTarget(name, entry.target, args.run_root or entry.run_root, options)
 
 
-def _confirm_interactively(error: Any) -> bool:
+def _confirm_interactively(error: "UnknownHostKeyError") -> bool:
     if not (sys.stdin.isatty() and sys.stderr.isatty()):
         return False
     print(f"eaglewatch: {error}", file=sys.stderr)
@@ -54,12 +89,13 @@ def _confirm_interactively(error: Any) -> bool:
     return answer.strip().lower() in ("y", "yes")
 
 
-def connect(args: argparse.Namespace) -> Any:
-    """A connected Connection, or a UserError that says what went wrong and what to do."""
+def connect(args: argparse.Namespace) -> "Connection":
+    """A connected Connection to HOST (see resolve_host), or a UserError that says what went wrong and what to do."""
     from eaglewatch.tui.connection import Connection, ConnectionFailed, UnknownHostKeyError
 
+    target = resolve_host(args)
     try:
-        connection = Connection(args.host, run_root=args.run_root, ssh_options=ssh_options(args))
+        connection = Connection(target.spec, run_root=target.run_root, ssh_options=target.ssh_options)
     except ValueError as exc:
         raise UserError(str(exc)) from None
     for _ in range(2):
@@ -81,7 +117,7 @@ def connect(args: argparse.Namespace) -> Any:
     raise UserError("could not connect after accepting the host key")
 
 
-def agent_call(function: Any, *args: Any, **kwargs: Any) -> Any:
+def agent_call(function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """Run one connection call, turning the agent's refusals into UserError."""
     from eaglewatch.tui.connection import AgentError, LinkLost
 
@@ -94,20 +130,22 @@ def agent_call(function: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 class _RaisingParser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:
+    def error(self, message: str) -> NoReturn:
         raise UserError(f"{message} (options go between HOST and --)")
 
 
-def split_command(args: argparse.Namespace, add_options: Any) -> list[str]:
-    """The command after ``--``. Options written between HOST and ``--`` (which argparse leaves in the
-    remainder) are parsed here with the same definitions, so ``launch HOST --name x -- CMD`` works."""
+def split_command(args: argparse.Namespace, add_options: Callable[[argparse.ArgumentParser], None]) -> list[str]:
+    """The command after ``--``. Options written after the positional arguments (which argparse leaves in the
+    remainder) are parsed here with the same definitions, so ``launch HOST --name x -- CMD`` and ``restart HOST RUN
+    --grace 5`` work."""
     words = list(args.cmd_argv)
-    if "--" not in words:
-        if words and words[0].startswith("-"):
-            raise UserError(f"unknown option {words[0]!r}; put the command after --")
-        return words
-    cut = words.index("--")
-    options, command = words[:cut], words[cut + 1 :]
+    if "--" in words:
+        cut = words.index("--")
+        options, command = words[:cut], words[cut + 1 :]
+    elif words and words[0].startswith("-"):
+        options, command = words, []  # options only: a wrong one is named, and the command is missing
+    else:
+        options, command = [], words
     if options:
         parser = _RaisingParser(prog="eaglewatch", add_help=False)
         add_connection_options(parser)
@@ -126,27 +164,19 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
     return env
 
 
-def describe_exit(summary: dict[str, Any]) -> str:
-    state = summary.get("state")
-    info = summary.get("exit") or {}
-    if state == "exited":
-        if info.get("signal"):
-            return f"killed by {info.get('signal_name') or info['signal']}"
-        return f"exit code {info.get('code')}"
-    return str(state)
+def describe_exit(summary: RunSummary) -> str:
+    """How the run ended (eaglewatch.tui.runend), or its state while it has not."""
+    end = run_end(summary.get("state"), summary.get("exit"))
+    return end.text if end is not None else str(summary.get("state"))
 
 
-def exit_status(summary: dict[str, Any]) -> int:
+def exit_status(summary: RunSummary) -> int:
     """The shell's convention: the job's code, or 128 + the signal that killed it; 1 when unknown."""
-    info = summary.get("exit") or {}
-    if info.get("signal"):
-        return 128 + int(info["signal"])
-    if info.get("code") is not None:
-        return int(info["code"])
-    return 1
+    end = run_end(summary.get("state"), summary.get("exit"))
+    return end.status if end is not None else 1
 
 
-def close_quietly(connection: Any) -> None:
+def close_quietly(connection: "Connection") -> None:
     try:
         connection.close()
     except Exception:

@@ -10,10 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from eaglewatch.errors import UserError
 from eaglewatch.tui.commands import _common
+from eaglewatch.tui.messages import Event, JobState, LinkState, LogChunk, Notice, RunSummary, Telemetry, unexpected_item
+
+if TYPE_CHECKING:
+    from eaglewatch.tui.connection import Connection
 
 HELP = "stream a run's log from a host until the run ends (Ctrl-C detaches, the job keeps running)"
 
@@ -53,9 +57,7 @@ class _DecodedView:
         sys.stdout.flush()
 
 
-def follow(connection: Any, run: str, from_end: bool, show_events: bool, decoded: bool = False) -> int:
-    from eaglewatch.tui.connection import Event, JobState, LinkState, LogChunk, Notice
-
+def follow(connection: "Connection", run: str, from_end: bool, show_events: bool, decoded: bool = False) -> int:
     summary = _common.agent_call(connection.status, run)
     view = None
     if decoded:
@@ -66,28 +68,35 @@ def follow(connection: Any, run: str, from_end: bool, show_events: bool, decoded
     offset = int(summary.get("log_size") or 0) if from_end else 0
     watch = _common.agent_call(connection.watch, summary["run"], log_offset=offset)
     out = sys.stdout.buffer
-    final: dict[str, Any] = summary
+    final: RunSummary = summary
     try:
         while True:
             batch = watch.get(timeout=0.5)
             for item in batch:
-                if isinstance(item, LogChunk):
-                    if view is not None:
-                        view.feed(item.data)
-                    else:
-                        out.write(item.data)
-                elif isinstance(item, Event) and show_events:
-                    print(f"[event] {json.dumps(item.event if item.event is not None else item.raw)}",
-                          file=sys.stderr)
-                elif isinstance(item, JobState):
-                    final = item.summary or final
-                elif isinstance(item, Notice):
-                    print(f"[eaglewatch] {item.message}", file=sys.stderr)
-                elif isinstance(item, LinkState) and item.state != "closed":
-                    print(f"[eaglewatch] link {item.state}{': ' + item.detail if item.detail else ''}",
-                          file=sys.stderr)
-                    if item.state == "failed":
-                        return 255
+                match item:
+                    case LogChunk():
+                        if view is not None:
+                            view.feed(item.data)
+                        else:
+                            out.write(item.data)
+                    case Event():
+                        if show_events:
+                            print(f"[event] {json.dumps(item.event if item.event is not None else item.raw)}",
+                                  file=sys.stderr)
+                    case JobState():
+                        final = item.summary or final
+                    case Notice():
+                        print(f"[eaglewatch] {item.message}", file=sys.stderr)
+                    case LinkState():
+                        if item.state != "closed":
+                            print(f"[eaglewatch] link {item.state}{': ' + item.detail if item.detail else ''}",
+                                  file=sys.stderr)
+                        if item.state == "failed":
+                            return 255
+                    case Telemetry():
+                        pass  # host-wide, not the run's; a watch does not deliver it
+                    case _:
+                        unexpected_item(item)
             out.flush()
             if view is not None and not batch:
                 view.idle()

@@ -1,13 +1,22 @@
-"""``eaglewatch launch HOST -- CMD...``: start a job on the host, detached; print its run id."""
+"""``eaglewatch launch HOST -- CMD...``: start a job on the host, detached; print its run id.
+
+Opening the dashboard on the new run (a terminal, no --no-tui) is the dashboard's part: ``eaglewatch launch`` is
+routed to ``eaglewatch.tui.app.launch``, which uses :func:`command_of` and :func:`start` from here. This module
+knows nothing of the dashboard."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from eaglewatch.errors import UserError
 from eaglewatch.tui.commands import _common
+from eaglewatch.tui.messages import RunSummary
+
+if TYPE_CHECKING:
+    from eaglewatch.tui.connection import Connection
 
 HELP = "start a command on a host as a supervised run that outlives this terminal"
 
@@ -29,29 +38,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("cmd_argv", nargs=argparse.REMAINDER, metavar="-- CMD...", help="the command and arguments")
 
 
-def run(args: argparse.Namespace) -> int:
+def command_of(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+    """The command after ``--`` and the ``--env`` pairs, or a UserError before anything connects."""
     argv = _common.split_command(args, add_options)
     if not argv:
         raise UserError("give the command after --, e.g. eaglewatch launch HOST -- eaglewatch extract ...")
-    env = _common.parse_env(args.env)
+    return argv, _common.parse_env(args.env)
+
+
+def start(connection: "Connection", args: argparse.Namespace, argv: list[str], env: dict[str, str]) -> RunSummary:
+    """Launch the run; its id (or, with --json, its summary) goes to stdout, where it runs to stderr."""
+    summary = _common.agent_call(connection.launch, argv, cwd=args.cwd, env=env, name=args.name)
+    if args.json:
+        print(json.dumps(summary, ensure_ascii=False))
+    else:
+        print(summary["run"])
+    print(f"eaglewatch: launched {summary['run']} on {args.host} (pid {summary.get('pid')}, "
+          f"{summary.get('run_dir')})", file=sys.stderr)
+    sys.stdout.flush()
+    return summary
+
+
+def run(args: argparse.Namespace) -> int:
+    """Launch and print the run id; with --attach, stream its log until it ends."""
+    argv, env = command_of(args)
     connection = _common.connect(args)
     try:
-        summary = _common.agent_call(connection.launch, argv, cwd=args.cwd, env=env, name=args.name)
-        if args.json:
-            print(json.dumps(summary, ensure_ascii=False))
-        else:
-            print(summary["run"])
-        print(f"eaglewatch: launched {summary['run']} on {args.host} (pid {summary.get('pid')}, "
-              f"{summary.get('run_dir')})", file=sys.stderr)
-        sys.stdout.flush()
+        summary = start(connection, args, argv, env)
         if args.attach:
             from eaglewatch.tui.commands.attach import follow
 
             return follow(connection, summary["run"], from_end=False, show_events=False)
-        if not (args.no_tui or args.json) and sys.stdin.isatty() and sys.stdout.isatty():
-            from eaglewatch.tui.app.cli import open_run
-
-            return open_run(connection, summary["run"], args.host)
         return 0
     finally:
         _common.close_quietly(connection)

@@ -9,7 +9,8 @@
         watch = conn.watch(run["run"])
         for batch in iter(lambda: watch.get(1.0), None): ...
 
-See docs/protocol.md and docs/agent.md.
+The items a watch delivers (LogChunk, Event, JobState, Notice, LinkState, Telemetry) are defined in
+``eaglewatch.tui.messages`` and re-exported here. See docs/protocol.md and docs/agent.md.
 """
 
 from eaglewatch.tui.connection.connection import (
@@ -32,7 +33,8 @@ from eaglewatch.tui.connection.errors import (
     UnknownHostKeyError,
 )
 from eaglewatch.tui.connection.ssh import SSHOptions, accept_host_key
-from eaglewatch.tui.connection.stream import Event, JobState, LinkState, LogChunk, Notice, RunWatch, Telemetry
+from eaglewatch.tui.connection.stream import RunWatch
+from eaglewatch.tui.messages import Event, JobState, LinkState, LogChunk, Notice, Telemetry
 
 __all__ = [
     "AgentError",

@@ -18,8 +18,9 @@ from eaglewatch.tui.connection.errors import AgentError, ConnectionFailed, LinkL
 from eaglewatch.tui.connection.links import AgentUploader, LocalLink, open_ssh_link
 from eaglewatch.tui.connection.session import AgentSession
 from eaglewatch.tui.connection.ssh import SSHOptions, accept_host_key
-from eaglewatch.tui.connection.stream import Item, LinkState, Notice, RunWatch, Sink, StreamGap, Telemetry
+from eaglewatch.tui.connection.stream import RunWatch, Sink, StreamGap
 from eaglewatch.tui.connection.target import Endpoint, is_local, resolve
+from eaglewatch.tui.messages import Item, LinkState, Notice, RestartResult, RunSummary, Telemetry
 
 # Link states (Connection.state and LinkState.state).
 IDLE, CONNECTED, LOST, RECONNECTING, FAILED, CLOSED = "idle", "connected", "lost", "reconnecting", "failed", "closed"
@@ -214,7 +215,8 @@ class Connection:
         with self._dispatch:
             for message in messages:
                 kind = message.get("type")
-                watch = self._watches.get(message.get("run")) if "run" in message else None
+                run = message.get("run")
+                watch = self._watches.get(run) if isinstance(run, str) else None
                 if kind == p.MSG_LOG and watch is not None:
                     try:
                         watch.on_log(int(message["offset"]), p.log_payload(message))
@@ -225,7 +227,7 @@ class Connection:
                     watch.on_event(int(message["offset"]), int(message["end"]), message.get("event"),
                                    message.get("raw"))
                 elif kind == p.MSG_JOB and watch is not None:
-                    watch.on_job(str(message.get("state")), message.get("exit"), message.get("summary") or {})
+                    watch.on_job(str(message.get("state")), message.get("exit"), message.get("summary") or RunSummary())
                 elif kind == p.MSG_NOTICE:
                     notice = Notice(message.get("run"), str(message.get("message", "")))
                     if watch is not None:
@@ -283,10 +285,10 @@ class Connection:
     def ping(self) -> dict[str, Any]:
         return self.request(p.OP_PING, retry=True)
 
-    def runs(self) -> list[dict[str, Any]]:
+    def runs(self) -> list[RunSummary]:
         return self.request(p.OP_RUNS, retry=True)["runs"]
 
-    def status(self, run: str) -> dict[str, Any]:
+    def status(self, run: str) -> RunSummary:
         return self.request(p.OP_STATUS, retry=True, run=run)
 
     def launch(
@@ -296,7 +298,7 @@ class Connection:
         cwd: str | None = None,
         env: dict[str, str] | None = None,
         name: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> RunSummary:
         args: dict[str, Any] = {"argv": list(argv)}
         if cwd is not None:
             args["cwd"] = cwd
@@ -306,12 +308,12 @@ class Connection:
             args["name"] = name
         return self.request(p.OP_LAUNCH, **args)
 
-    def stop(self, run: str, grace_s: float = 10.0) -> dict[str, Any]:
+    def stop(self, run: str, grace_s: float = 10.0) -> RunSummary:
         return self.request(p.OP_STOP, retry=True, run=run, grace_s=grace_s)
 
     def restart(
         self, run: str, argv: Sequence[str] | None = None, grace_s: float = 10.0, gpu_timeout_s: float = 120.0
-    ) -> dict[str, Any]:
+    ) -> RestartResult:
         args: dict[str, Any] = {"run": run, "grace_s": grace_s, "gpu_timeout_s": gpu_timeout_s}
         if argv:
             args["argv"] = list(argv)

@@ -5,6 +5,7 @@ A link carries one agent's lifetime. When it dies the connection makes a new one
 
 from __future__ import annotations
 
+import io
 import os
 import posixpath
 import secrets
@@ -14,7 +15,7 @@ import socket
 import subprocess
 import sys
 import threading
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol, Sequence, cast
 
 from eaglewatch import protocol
 from eaglewatch.tui.connection import bundle
@@ -77,8 +78,8 @@ class LocalLink:
         return self._proc.pid
 
     def _drain_stderr(self) -> None:
-        assert self._proc.stderr is not None
-        for chunk in iter(lambda: self._proc.stderr.read1(4096), b""):  # type: ignore[union-attr]
+        stderr = cast(io.BufferedReader, self._proc.stderr)  # a PIPE with Popen's default buffering
+        for chunk in iter(lambda: stderr.read1(4096), b""):
             self._stderr += chunk
             del self._stderr[:-8192]
 

@@ -62,13 +62,13 @@ class AgentSession:
                 # A slow or hung host, not a broken setup: worth retrying.
                 raise ConnectionFailed(f"the agent did not greet within {timeout_s:g} s ({self.link.description})")
             data = self.link.recv(min(remaining, 1.0))
-            if data is TIMEOUT:
+            if data is TIMEOUT or not isinstance(data, bytes):
                 continue
             if not data:
                 if not self.link.transport_alive():
                     raise ConnectionFailed(f"the link dropped while the agent started ({self.link.description})")
                 raise start_error(self.link, "the agent exited before it greeted")
-            self._buffer += data  # type: ignore[operator]
+            self._buffer += data
         line, _, rest = bytes(self._buffer).partition(b"\n")
         self._buffer = bytearray(rest)
         try:

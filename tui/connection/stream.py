@@ -1,6 +1,7 @@
 """What a watch delivers, and how a run's log bytes are kept exact across reconnects.
 
 Plain Python, no IO: the connection feeds agent messages in, a consumer (CLI, dashboard) takes batches of items out.
+The item types themselves live in ``eaglewatch.tui.messages``, where the run state can import them.
 """
 
 from __future__ import annotations
@@ -8,68 +9,14 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Union
+from typing import Any, Callable
+
+from eaglewatch.tui.messages import Event, ExitInfo, Item, JobState, LogChunk, RunSummary
 
 # A partial line (no \n or \r yet) is held back this long before it is delivered anyway: a prompt or a progress
 # bar that never ends its line must still be seen.
 PARTIAL_HOLD_S = 0.5
 PARTIAL_MAX = 64 * 1024
-
-
-@dataclass(frozen=True)
-class LogChunk:
-    """Raw bytes of the run's log, exactly as the file holds them at [offset, offset + len(data))."""
-
-    run: str
-    offset: int
-    data: bytes
-
-    @property
-    def end(self) -> int:
-        return self.offset + len(self.data)
-
-
-@dataclass(frozen=True)
-class Event:
-    """One line of the run's events.jsonl at [offset, end). ``event`` is None for a line that is not JSON."""
-
-    run: str
-    offset: int
-    end: int
-    event: dict[str, Any] | None
-    raw: str | None = None
-
-
-@dataclass(frozen=True)
-class JobState:
-    run: str
-    state: str
-    exit: dict[str, Any] | None
-    summary: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Notice:
-    run: str | None
-    message: str
-
-
-@dataclass(frozen=True)
-class LinkState:
-    """connected, lost (with the reason), reconnecting (attempt n), failed (gave up: a fatal error), closed."""
-
-    state: str
-    detail: str = ""
-    attempt: int = 0
-
-
-@dataclass(frozen=True)
-class Telemetry:
-    sample: dict[str, Any]
-
-
-Item = Union[LogChunk, Event, JobState, Notice, LinkState, Telemetry]
 
 
 class StreamGap(Exception):
@@ -163,7 +110,7 @@ class RunWatch:
         self.events_offset = end
         self._batch.append(Event(self.run, offset, end, event, raw))
 
-    def on_job(self, state: str, exit_info: dict[str, Any] | None, summary: dict[str, Any]) -> None:
+    def on_job(self, state: str, exit_info: ExitInfo | None, summary: RunSummary) -> None:
         if state == "exited":
             self._flush_log(force=True)
         job = JobState(self.run, state, exit_info, summary)

@@ -75,7 +75,7 @@ def resolve(spec: str, config_path: str | None = DEFAULT_SSH_CONFIG, _depth: int
     jumps: tuple[Endpoint, ...] = ()
     proxy_jump = config.get("proxyjump")
     if proxy_jump and proxy_jump.lower() != "none":
-        hops = []
+        hops: list[Endpoint] = []
         for hop in proxy_jump.split(","):
             hop = hop.strip()
             if hop.startswith("ssh://"):

@@ -1,8 +1,9 @@
 """RunModel: everything known about one run, folded from what the connection delivers. Plain Python.
 
 Feeding (one thread, the dashboard's IO worker): :meth:`RunModel.feed_items` takes a batch of the connection's
-items (log chunks, events, telemetry, job and link states) and dispatches by type name, so that this module
-imports nothing of the connection; the ``feed_*`` methods take the parts directly (tests, benchmarks).
+items (log chunks, events, telemetry, job and link states, notices: ``eaglewatch.tui.messages``, which imports
+nothing of the connection) and dispatches on their type; the ``feed_*`` methods take the parts directly (tests,
+benchmarks).
 Reading (another thread, the UI): :meth:`snapshot`, :meth:`log_since`, :meth:`alerts_since`, and
 :attr:`version`, which moves whenever something visible changed, so the UI redraws only then.
 """
@@ -15,10 +16,23 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 from eaglewatch import protocol as p
 from eaglewatch.decode import BarUpdate, Decoder, FailureGroup, LineEvent
+from eaglewatch.tui.messages import (
+    Event,
+    ExitInfo,
+    Item,
+    JobState,
+    LinkState,
+    LogChunk,
+    Notice,
+    RunSummary,
+    Telemetry,
+    unexpected_item,
+)
+from eaglewatch.tui.runend import RunEnd, run_end
 from eaglewatch.tui.runstate.view import (
     ALERT_DISK,
     ALERT_EXIT,
@@ -37,6 +51,7 @@ from eaglewatch.tui.runstate.view import (
     LoadBar,
     LogLine,
     RunView,
+    Severity,
 )
 
 _TIERS = {0: "original", 1: "secondary", 2: "re-raised", 3: "final report"}
@@ -69,19 +84,6 @@ def _float(value: Any) -> Optional[float]:
         return None
 
 
-def exit_text(exit_info: Optional[dict[str, Any]]) -> tuple[Optional[str], Optional[int]]:
-    """("exit code 1", 1), ("killed by SIGTERM", 143), or (None, None) while it runs."""
-    if not exit_info:
-        return None, None
-    if exit_info.get("signal"):
-        signal = int(exit_info["signal"])
-        return f"killed by {exit_info.get('signal_name') or signal}", 128 + signal
-    if exit_info.get("error"):
-        return f"did not start: {exit_info['error']}", _int(exit_info.get("code")) or 127
-    code = _int(exit_info.get("code"))
-    return (f"exit code {code}", code) if code is not None else ("ended", None)
-
-
 def failure_view(group: FailureGroup, position: int) -> FailureView:
     first = group.first
     inner = group.innermost
@@ -105,7 +107,7 @@ class RunModel:
     def __init__(
         self,
         host: str,
-        summary: Optional[dict[str, Any]] = None,
+        summary: Optional[RunSummary] = None,
         thresholds: Thresholds = Thresholds(),
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
@@ -119,7 +121,7 @@ class RunModel:
         self.version = 0
         self._summary: dict[str, Any] = {}
         self._job_state: Optional[str] = None
-        self._exit: Optional[dict[str, Any]] = None
+        self._exit: Optional[ExitInfo] = None
         self._link = ""
         self._phase: Optional[str] = None
         self._phase_detail = ""
@@ -152,35 +154,42 @@ class RunModel:
 
     # ------------------------------------------------------------------ feeding (IO worker thread)
 
-    def set_summary(self, summary: dict[str, Any]) -> None:
+    def set_summary(self, summary: RunSummary) -> None:
         """The agent's summary of the run (status, launch, or a job message's)."""
         with self.lock:
-            self._summary.update({k: v for k, v in summary.items() if v is not None})
+            self._update_summary(summary)
             state = summary.get("state")
             if state:
                 self._job_state = state
-            if summary.get("exit"):
-                self._exit = summary["exit"]
+            exit_info = summary.get("exit")
+            if exit_info:
+                self._exit = exit_info
             self._changed()
 
-    def feed_items(self, items: Iterable[Any]) -> None:
-        """One batch from a RunWatch or the connection's host queue."""
+    def _update_summary(self, summary: Mapping[str, object]) -> None:
+        self._summary.update({k: v for k, v in summary.items() if v is not None})
+
+    def feed_items(self, items: Iterable[Item]) -> None:
+        """One batch from a RunWatch or the connection's host queue. An item of a type this model has no case for
+        raises TypeError: a message type added to the connection must be handled here, not lost."""
         with self.lock:
             for item in items:
-                kind = type(item).__name__
-                if kind == "LogChunk":
-                    self.feed_log(item.data)
-                elif kind == "Event":
-                    if item.event is not None:
-                        self.feed_event(item.event)
-                elif kind == "Telemetry":
-                    self.feed_telemetry(item.sample)
-                elif kind == "JobState":
-                    self.feed_job(item.state, item.exit, item.summary)
-                elif kind == "LinkState":
-                    self.feed_link(item.state, item.detail)
-                elif kind == "Notice":
-                    self._add_log_line("eaglewatch", None, item.message)
+                match item:
+                    case LogChunk():
+                        self.feed_log(item.data)
+                    case Event():
+                        if item.event is not None:
+                            self.feed_event(item.event)
+                    case Telemetry():
+                        self.feed_telemetry(item.sample)
+                    case JobState():
+                        self.feed_job(item.state, item.exit, item.summary)
+                    case LinkState():
+                        self.feed_link(item.state, item.detail)
+                    case Notice():
+                        self._add_log_line("eaglewatch", None, item.message)
+                    case _:
+                        unexpected_item(item)
             self._check()
 
     def feed_log(self, data: bytes) -> None:
@@ -314,10 +323,10 @@ class RunModel:
                 self._disk = {"free": free, "total": total, "source": "local"}
                 self._changed()
 
-    def feed_job(self, state: str, exit_info: Optional[dict[str, Any]], summary: dict[str, Any]) -> None:
+    def feed_job(self, state: str, exit_info: Optional[ExitInfo], summary: RunSummary) -> None:
         with self.lock:
             if summary:
-                self._summary.update({k: v for k, v in summary.items() if v is not None})
+                self._update_summary(summary)
             self._job_state = state
             if exit_info:
                 self._exit = exit_info
@@ -344,7 +353,7 @@ class RunModel:
 
     # ------------------------------------------------------------------ derived state and alerts
 
-    def _alert(self, kind: str, severity: str, message: str) -> None:
+    def _alert(self, kind: str, severity: Severity, message: str) -> None:
         self._alert_seq += 1
         self._alerts.append(Alert(self._alert_seq, kind, severity, message))
         self._changed()
@@ -412,13 +421,21 @@ class RunModel:
             self._changed()
         if self._job_state in (p.JOB_EXITED, p.JOB_LOST) and not self._exit_alerted:
             self._exit_alerted = True
-            text, code = exit_text(self._exit)
-            if self._job_state == p.JOB_LOST:
-                self._alert(ALERT_EXIT, "error", "the run was lost: no exit status, no process left")
-            elif code:
-                self._alert(ALERT_EXIT, "error", f"the run ended: {text}")
+            end = self._end()
+            if end is not None and end.failed:
+                self._alert(ALERT_EXIT, "error", f"the run ended: {end.text}")
 
     # ------------------------------------------------------------------ reading (UI thread)
+
+    def output_dir(self) -> Optional[str]:
+        """Where the run writes, as the job itself said (the ``output_dir`` of its ``info`` event); until it has
+        said so, the run directory."""
+        with self.lock:
+            told = self._info.get("output_dir")
+            if isinstance(told, str) and told:
+                return told
+            run_dir = self._summary.get("run_dir")
+            return run_dir if isinstance(run_dir, str) and run_dir else None
 
     def alerts_since(self, seq: int) -> list[Alert]:
         with self.lock:
@@ -441,13 +458,16 @@ class RunModel:
         self._failures_cache = (state.version, views)
         return views
 
+    def _end(self) -> Optional[RunEnd]:
+        return run_end(self._job_state, self._exit)
+
     def _phase_now(self) -> str:
         phase = self._phase
         if self._job_state == p.JOB_LOST:
             return "lost"
         if self._job_state == p.JOB_EXITED:
-            _, code = exit_text(self._exit)
-            if code:
+            end = self._end()
+            if end is not None and end.code:
                 return p.PHASE_FAILED
             return phase or "exited"
         if self._stalled:
@@ -537,7 +557,8 @@ class RunModel:
             uptime = None
             if started is not None:
                 uptime = max(0.0, (ended if ended is not None else self.wall()) - started)
-            text, code = exit_text(self._exit)
+            end = self._end()
+            code = end.code if end is not None else None
             marks = []
             failures = self._failures_with_event()
             if failures or code:
@@ -556,7 +577,7 @@ class RunModel:
                 phase=self._phase_now(),
                 phase_detail=self._phase_detail,
                 job_state=self._job_state,
-                exit_text=text,
+                exit_text=end.text if end is not None else None,
                 exit_code=code,
                 uptime_s=uptime,
                 marks=tuple(marks),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Literal, Optional
 
 # Marks a run can carry (shown in the header and the runs list).
 MARK_FAILED = "failed"
@@ -106,11 +106,14 @@ class LogLine:
     text: str
 
 
+Severity = Literal["error", "warning"]  # of Textual's notification severities, the two alerts use
+
+
 @dataclass(frozen=True)
 class Alert:
     seq: int
     kind: str
-    severity: str  # "error" or "warning" (Textual's notification severities)
+    severity: Severity
     message: str
 
 

@@ -107,8 +107,11 @@ class RunScreen(Screen):
     @work(thread=True, exclusive=True, group="feed", exit_on_error=False)
     def _follow(self) -> None:
         worker = get_current_worker()
+        run = self.run_id
+        if run is None:
+            return
         try:
-            follow_run(self.dash.connection, self.model, self.run_id, lambda: worker.is_cancelled,
+            follow_run(self.dash.live_connection(), self.model, run, lambda: worker.is_cancelled,
                        telemetry=self.dash.telemetry)
         except Exception as exc:
             if not worker.is_cancelled:
@@ -202,7 +205,7 @@ class RunScreen(Screen):
         view = self.model.snapshot()
         if view.job_state in (p.JOB_EXITED, p.JOB_LOST):
             # Nothing keeps running: say how it ended instead.
-            self.app.exit(("left", self.run_id, view.exit_text or view.job_state))
+            self.app.exit(("left", self.run_id, view.exit_text))
         else:
             self.app.exit(("detached", self.run_id))
 
@@ -241,9 +244,11 @@ class RunScreen(Screen):
     @work(thread=True, group="command", exit_on_error=False)
     def _stop_job(self, quit_after: bool) -> None:
         run = self.run_id
+        if run is None:
+            return
         self.app.call_from_thread(self.app.notify, f"stopping {run}…")
         try:
-            summary = self.dash.connection.stop(run)
+            summary = self.dash.live_connection().stop(run)
         except Exception as exc:
             self.app.call_from_thread(self.app.notify, f"stop failed: {exc}", severity="error", timeout=10)
             return
@@ -255,9 +260,11 @@ class RunScreen(Screen):
     @work(thread=True, group="command", exit_on_error=False)
     def _restart_job(self, argv: Optional[list[str]]) -> None:
         run = self.run_id
+        if run is None:
+            return
         self.app.call_from_thread(self.app.notify, f"restarting {run}: stopping, then waiting for GPU memory…")
         try:
-            result = self.dash.connection.restart(run, argv)
+            result = self.dash.live_connection().restart(run, argv)
         except Exception as exc:
             self.app.call_from_thread(self.app.notify, f"restart failed: {exc}", severity="error", timeout=10)
             return

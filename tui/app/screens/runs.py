@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from textual import work
 from textual.app import ComposeResult
@@ -13,6 +13,10 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 from textual.worker import get_current_worker
 
+from eaglewatch import protocol as p
+from eaglewatch.tui.messages import RunSummary
+from eaglewatch.tui.runend import run_end
+
 if TYPE_CHECKING:
     from eaglewatch.tui.app.app import DashboardApp
 
@@ -20,14 +24,10 @@ REFRESH_S = 2.0
 COLUMNS = ("run", "state", "result", "started", "name", "command")
 
 
-def result_of(summary: dict[str, Any]) -> str:
-    state = summary.get("state")
-    info = summary.get("exit") or {}
-    if state == "exited":
-        if info.get("signal"):
-            return f"killed ({info.get('signal_name') or info['signal']})"
-        return "ok" if info.get("code") == 0 else f"exit {info.get('code')}"
-    return ""
+def result_of(summary: RunSummary) -> str:
+    """How an exited run ended (a lost one says so in its state column already)."""
+    end = run_end(summary.get("state"), summary.get("exit")) if summary.get("state") == p.JOB_EXITED else None
+    return end.text if end is not None else ""
 
 
 class RunsScreen(Screen):
@@ -39,7 +39,7 @@ class RunsScreen(Screen):
 
     def __init__(self) -> None:
         super().__init__()
-        self.runs: list[dict[str, Any]] = []
+        self.runs: list[RunSummary] = []
 
     @property
     def dash(self) -> "DashboardApp":
@@ -61,7 +61,7 @@ class RunsScreen(Screen):
         worker = get_current_worker()
         while not worker.is_cancelled:
             try:
-                runs = self.dash.connection.runs()
+                runs = self.dash.live_connection().runs()
             except Exception as exc:
                 self.app.call_from_thread(self.app.notify, f"cannot list runs: {exc}", severity="error")
                 runs = None
@@ -71,7 +71,7 @@ class RunsScreen(Screen):
             while time.monotonic() < deadline and not worker.is_cancelled:
                 time.sleep(0.05)
 
-    def show_runs(self, runs: list[dict[str, Any]]) -> None:
+    def show_runs(self, runs: list[RunSummary]) -> None:
         table = self.query_one(DataTable)
         if [(r["run"], r.get("state"), r.get("exit")) for r in runs] == [
                 (r["run"], r.get("state"), r.get("exit")) for r in self.runs]:

@@ -49,7 +49,7 @@ def header_text(view: RunView, width: int) -> Text:
             first.append(f"⚑ {mark}", "bold red" if mark == "failed" else "bold yellow")
     if view.exit_text:
         first.append("  ")
-        first.append(view.exit_text, "bold red" if view.exit_code else "bold green")
+        first.append(view.exit_text, "bold green" if view.exit_code == 0 else "bold red")
     if view.uptime_s is not None:
         first.append(f"  up {fmt_duration(view.uptime_s)}")
     if view.link and view.link != "connected":

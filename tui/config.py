@@ -1,4 +1,7 @@
-"""The dashboard's config file (TOML): named hosts, saved launch profiles, alert thresholds.
+"""The operator's config file (TOML): named hosts, saved launch profiles, the dashboard's alert thresholds.
+
+Every command that takes a HOST reads its named hosts (``eaglewatch.tui.commands._common.resolve_host``); the
+profiles and thresholds are the dashboard's. Reading and parsing only: nothing here connects anywhere.
 
 ``~/.config/eaglewatch/config.toml`` (or ``$EAGLEWATCH_CONFIG``, or ``--config``)::
 
@@ -22,6 +25,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -64,11 +68,11 @@ class Config:
 
 
 def _loads(text: str) -> dict[str, Any]:
-    try:
+    if sys.version_info >= (3, 11):
         import tomllib
-    except ImportError:  # Python 3.10
+    else:
         try:
-            import tomli as tomllib  # type: ignore[no-redef]
+            import tomli as tomllib  # type: ignore[import-not-found]
         except ImportError:
             raise UserError("reading the config file needs Python >= 3.11 or the tomli package") from None
     return tomllib.loads(text)
@@ -93,6 +97,9 @@ def parse(text: str, path: Optional[Path] = None) -> Config:
     for name, entry in (data.get("hosts") or {}).items():
         if not isinstance(entry, dict) or not isinstance(entry.get("target", name), str):
             raise UserError(f"{where}: [hosts.{name}] needs target = \"user@host[:port]\" or an ssh alias")
+        for key in ("run_root", "python"):
+            if not isinstance(entry.get(key, ""), str):
+                raise UserError(f"{where}: [hosts.{name}] {key} must be a string")
         hosts[name] = HostEntry(name, entry.get("target", name), entry.get("run_root"), entry.get("python"))
     profiles = {}
     for name, entry in (data.get("profiles") or {}).items():

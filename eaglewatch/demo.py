@@ -6,6 +6,9 @@ engine when vLLM is not installed), then verify against transformers. Everything
 On a terminal (and without ``--no-tui``) the same steps run as a supervised local run, with the dashboard open on
 it; the dashboard lives on the operator side and is imported only then. ``--fault`` makes the vLLM worker fail a
 bare ``assert`` after 20 samples, so that the failure panel has something real to show.
+
+The demo is the one command that uses both halves (the pipeline for the steps, the dashboard to watch them), so it
+lives at the top of the package, which may import both; ``eaglewatch.pipeline`` never imports the operator side.
 """
 
 from __future__ import annotations
@@ -66,12 +69,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_steps(args: argparse.Namespace) -> int:
+    from eaglewatch import protocol
     from eaglewatch.errors import UserError
-    from eaglewatch.pipeline.extract import ExtractConfig, run_extract
+    from eaglewatch.pipeline.events import EventLog
+    from eaglewatch.pipeline.extract import run_extract
+    from eaglewatch.pipeline.plan import ExtractConfig
     from eaglewatch.pipeline.prepare import load_tokenizer, prepare
     from eaglewatch.pipeline.verify import verify
 
-    workdir = Path(args.workdir).expanduser()
+    workdir = Path(os.path.abspath(os.path.expanduser(args.workdir)))
+    # Where the demo writes (model, data, outputs), said before the model is built: only the agent's copy of the
+    # events is written to (there is none when no agent launched this); the extraction says its own folder later.
+    with EventLog(echo=None) as events:
+        events.emit(protocol.EVENT_INFO, output_dir=str(workdir))
     workdir.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("VLLM_CACHE_ROOT", str(workdir / "vllm-cache"))
     engine = args.engine if args.engine != "auto" else ("vllm" if vllm_installed() else "hf")

@@ -1,0 +1,55 @@
+"""How a run ended, in words and as a shell status: the one place that wording lives.
+
+The dashboard's header, alerts and goodbye line, the runs list, and the ``attach``, ``stop``, ``restart`` and
+``runs`` commands all say it through :func:`run_end`, so a run reads the same wherever it is looked at.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from eaglewatch import protocol as p
+from eaglewatch.tui.messages import ExitInfo
+
+LOST_TEXT = "lost, with no exit status and no process left"
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    text: str  # "exit code 1", "killed by SIGTERM", "did not start: ...", "lost, with no exit status ..."
+    code: Optional[int]  # the shell's convention: the job's code, or 128 + the signal; None when nobody knows
+    failed: bool  # worth an alert: a non-zero code, a signal, a command that did not start, a lost run
+
+    @property
+    def status(self) -> int:
+        """What a command that followed the run exits with: ``code``, or 1 when it is not known."""
+        return 1 if self.code is None else self.code
+
+
+def _int(value: object) -> Optional[int]:
+    if not isinstance(value, (int, float, str)):
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        return None
+
+
+def run_end(state: Optional[str], exit_info: Optional[ExitInfo]) -> Optional[RunEnd]:
+    """How the run ended, from the agent's job state and ``exit.json``; None while it has not ended."""
+    if exit_info:
+        signal = _int(exit_info.get("signal"))
+        if signal:
+            return RunEnd(f"killed by {exit_info.get('signal_name') or signal}", 128 + signal, True)
+        if exit_info.get("error"):
+            return RunEnd(f"did not start: {exit_info.get('error')}", _int(exit_info.get("code")) or 127, True)
+        code = _int(exit_info.get("code"))
+        if code is not None:
+            return RunEnd(f"exit code {code}", code, code != 0)
+        return RunEnd("ended", None, False)  # an exit.json without a status: nothing to say it failed
+    if state == p.JOB_LOST:
+        return RunEnd(LOST_TEXT, None, True)
+    if state == p.JOB_EXITED:
+        return RunEnd("ended", None, False)
+    return None
