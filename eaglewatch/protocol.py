@@ -110,9 +110,13 @@ def _check_version(obj: Mapping[str, Any]) -> None:
 
 
 def encode(obj: Mapping[str, Any]) -> bytes:
-    """One compact JSON line, newline included, with the version stamped in."""
+    """One compact JSON line, newline included, with the version stamped in. A string that UTF-8 cannot hold (a lone
+    surrogate, read from a hand-edited cmd.json) travels as a ``\\u`` escape instead of failing the message."""
     payload = {"v": PROTOCOL_VERSION, **obj}
-    return (json.dumps(payload, separators=(",", ":"), ensure_ascii=False) + "\n").encode("utf-8")
+    try:
+        return (json.dumps(payload, separators=(",", ":"), ensure_ascii=False) + "\n").encode("utf-8")
+    except UnicodeEncodeError:
+        return (json.dumps(payload, separators=(",", ":"), ensure_ascii=True) + "\n").encode("ascii")
 
 
 def decode(line: bytes | str) -> dict[str, Any]:

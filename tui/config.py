@@ -24,13 +24,16 @@ profiles and thresholds are the dashboard's. Reading and parsing only: nothing h
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 from eaglewatch.errors import UserError
+from eaglewatch.safetext import safe_text
 
 CONFIG_ENV = "EAGLEWATCH_CONFIG"
 DEFAULT_CONFIG = "~/.config/eaglewatch/config.toml"
@@ -78,44 +81,136 @@ def _loads(text: str) -> dict[str, Any]:
     return tomllib.loads(text)
 
 
-def _strings(value: Any, where: str) -> list[str]:
-    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
-        raise UserError(f"{where}: argv must be a non-empty list of strings")
-    return list(value)
+_HEADER = re.compile(r"^\s*\[\[?\s*(?P<name>[^\]]*?)\s*\]\]?\s*(?:#.*)?$")
+_KNOWN = {
+    "": ("dashboard", "hosts", "profiles"),
+    "dashboard": ("stall_after_min", "low_disk_gb"),
+    "hosts": ("target", "run_root", "python"),
+    "profiles": ("host", "name", "cwd", "argv", "env"),
+}
+
+
+def _section_parts(header: str) -> tuple[str, ...]:
+    return tuple(part.strip().strip("\"'") for part in header.split("."))
+
+
+class _Checker:
+    """Reports a bad value as one line: the file, the line where the key is written (when it can be found), the
+    table and key, what was found and what is wanted."""
+
+    def __init__(self, text: str, path: Optional[Path]) -> None:
+        self.lines = text.splitlines()
+        self.where = str(path) if path else "config"
+
+    def line_of(self, section: tuple[str, ...], key: Optional[str]) -> Optional[int]:
+        current: tuple[str, ...] = ()
+        for number, line in enumerate(self.lines, 1):
+            header = _HEADER.match(line)
+            if header:
+                current = _section_parts(header["name"])
+                if key is None and current == section:
+                    return number
+                continue
+            if key is not None and current == section and re.match(rf"^\s*[\"']?{re.escape(key)}[\"']?\s*=", line):
+                return number
+        return None
+
+    def fail(self, section: tuple[str, ...], key: Optional[str], problem: str, value: Optional[str] = None
+             ) -> UserError:
+        line = self.line_of(section, key)
+        place = f"{self.where}:{line}" if line else self.where
+        table = f"[{'.'.join(section)}]" if section else "top level"
+        what = f"{table} {key}" if key else table
+        if value is not None:
+            what += f" = {value}"
+        return UserError(safe_text(f"{place}: {what}: {problem}"))
+
+    def table(self, value: Any, section: tuple[str, ...], key: Optional[str] = None) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.fail(section, key, f"must be a table, not {_shown(value)}")
+        return value
+
+    def only_known(self, entry: dict[str, Any], section: tuple[str, ...], kind: str) -> None:
+        known = _KNOWN[kind]
+        for key in entry:
+            if key not in known:
+                raise self.fail(section, key, f"unknown key (known here: {', '.join(known)})")
+
+    def number(self, entry: dict[str, Any], section: tuple[str, ...], key: str, default: float, *,
+               minimum: float, above: bool, meaning: str) -> float:
+        value = entry.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise self.fail(section, key, f"must be a finite number ({meaning})", _shown(value))
+        if value < minimum or (above and value == minimum):
+            bound = f"more than {minimum:g}" if above else f"{minimum:g} or more"
+            raise self.fail(section, key, f"must be {bound} ({meaning})", f"{value:g}")
+        return float(value)
+
+    def text(self, entry: dict[str, Any], section: tuple[str, ...], key: str, *, one_word: bool = False
+             ) -> Optional[str]:
+        value = entry.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value.strip():
+            raise self.fail(section, key, f"must be a non-empty string, not {_shown(value)}")
+        if any(ord(char) < 32 or ord(char) == 127 for char in value):
+            raise self.fail(section, key, f"must not hold control characters: {_shown(value)}")
+        if one_word and any(char.isspace() for char in value):
+            raise self.fail(section, key, f"must not hold spaces: {_shown(value)}")
+        return value
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def parse(text: str, path: Optional[Path] = None) -> Config:
+    """The config file's text, checked: every table and value that is not what it should be is a UserError that
+    names the file, the line (where it can be found), the table and the key."""
     where = str(path or "config")
     try:
         data = _loads(text)
     except UserError:
         raise
     except Exception as exc:
-        raise UserError(f"{where}: {exc}") from None
-    dashboard = data.get("dashboard") or {}
+        raise UserError(safe_text(f"{where}: {exc}")) from None
+    check = _Checker(text, path)
+    check.only_known(data, (), "")
+    dashboard = check.table(data.get("dashboard", {}), ("dashboard",))
+    check.only_known(dashboard, ("dashboard",), "dashboard")
+    stall_min = check.number(dashboard, ("dashboard",), "stall_after_min", 5, minimum=0, above=True,
+                             meaning="minutes without progress before the stall alert")
+    low_disk_gb = check.number(dashboard, ("dashboard",), "low_disk_gb", 2, minimum=0, above=False,
+                               meaning="GiB of free space under which to alert")
     hosts = {}
-    for name, entry in (data.get("hosts") or {}).items():
-        if not isinstance(entry, dict) or not isinstance(entry.get("target", name), str):
-            raise UserError(f"{where}: [hosts.{name}] needs target = \"user@host[:port]\" or an ssh alias")
-        for key in ("run_root", "python"):
-            if not isinstance(entry.get(key, ""), str):
-                raise UserError(f"{where}: [hosts.{name}] {key} must be a string")
-        hosts[name] = HostEntry(name, entry.get("target", name), entry.get("run_root"), entry.get("python"))
+    for name, value in check.table(data.get("hosts", {}), ("hosts",)).items():
+        section = ("hosts", name)
+        entry = check.table(value, section)
+        check.only_known(entry, section, "hosts")
+        if not name.strip():
+            raise check.fail(section, None, "a named host needs a name")
+        target = check.text(entry, section, "target", one_word=True) or name
+        hosts[name] = HostEntry(name, target, check.text(entry, section, "run_root"),
+                                check.text(entry, section, "python"))
     profiles = {}
-    for name, entry in (data.get("profiles") or {}).items():
-        if not isinstance(entry, dict):
-            raise UserError(f"{where}: [profiles.{name}] must be a table")
-        env = entry.get("env") or {}
-        if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
-            raise UserError(f"{where}: [profiles.{name}] env values must be strings")
-        profiles[name] = Profile(name, _strings(entry.get("argv"), f"[profiles.{name}]"), entry.get("host"),
-                                 entry.get("name"), entry.get("cwd"), dict(env))
-    try:
-        stall = float(dashboard.get("stall_after_min", 5)) * 60
-        low_disk = int(float(dashboard.get("low_disk_gb", 2)) * 1024**3)
-    except (TypeError, ValueError):
-        raise UserError(f"{where}: [dashboard] stall_after_min and low_disk_gb are numbers") from None
-    return Config(path, hosts, profiles, stall, low_disk)
+    for name, value in check.table(data.get("profiles", {}), ("profiles",)).items():
+        section = ("profiles", name)
+        entry = check.table(value, section)
+        check.only_known(entry, section, "profiles")
+        argv = entry.get("argv")
+        if not isinstance(argv, list) or not argv or not all(isinstance(word, str) for word in argv) or not argv[0]:
+            raise check.fail(section, "argv", "must be a non-empty list of strings, the command first")
+        if any("\0" in word for word in argv):
+            raise check.fail(section, "argv", "must not hold a NUL character")
+        env = check.table(entry.get("env", {}), section, "env")
+        for key, val in env.items():
+            if not key or "=" in key or "\0" in key or not isinstance(val, str) or "\0" in val:
+                raise check.fail(section, "env", f"must map names (no '=') to strings: {_shown(key)} = {_shown(val)}")
+        host = check.text(entry, section, "host", one_word=True)
+        profiles[name] = Profile(name, list(argv), host, check.text(entry, section, "name"),
+                                 check.text(entry, section, "cwd"), dict(env))
+    return Config(path, hosts, profiles, stall_min * 60, int(low_disk_gb * 1024**3))
 
 
 def load(path: Optional[str] = None) -> Config:
@@ -124,6 +219,10 @@ def load(path: Optional[str] = None) -> Config:
     target = Path(os.path.expanduser(explicit or DEFAULT_CONFIG))
     if not target.exists():
         if explicit:
-            raise UserError(f"no config file at {target}")
+            raise UserError(safe_text(f"no config file at {target}"))
         return Config()
-    return parse(target.read_text(encoding="utf-8"), target)
+    try:
+        text = target.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(safe_text(f"cannot read the config file {target}: {exc}")) from None
+    return parse(text, target)

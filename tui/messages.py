@@ -40,6 +40,7 @@ class RunSummary(TypedDict, total=False):
     log_size: int
     events_size: int
     run_dir: str
+    run_dir_gone: bool  # the run directory was deleted; state says whether the run's processes still live
 
 
 class RestartResult(TypedDict):

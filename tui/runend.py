@@ -13,6 +13,10 @@ from eaglewatch import protocol as p
 from eaglewatch.tui.messages import ExitInfo
 
 LOST_TEXT = "lost, with no exit status and no process left"
+# The run directory was deleted under a run: while its processes live it is running, and says so; once they are gone
+# nothing recorded how it ended.
+DIR_GONE_TEXT = "run directory gone"
+LOST_DIR_GONE_TEXT = "lost: its run directory was deleted, so no exit status was kept, and no process is left"
 
 
 @dataclass(frozen=True)
@@ -32,12 +36,16 @@ def _int(value: object) -> Optional[int]:
         return None
     try:
         return int(value)
-    except ValueError:
+    except (ValueError, OverflowError):
         return None
 
 
-def run_end(state: Optional[str], exit_info: Optional[ExitInfo]) -> Optional[RunEnd]:
-    """How the run ended, from the agent's job state and ``exit.json``; None while it has not ended."""
+def run_end(state: Optional[str], exit_info: Optional[ExitInfo], dir_gone: bool = False) -> Optional[RunEnd]:
+    """How the run ended, from the agent's job state and ``exit.json``; None while it has not ended. ``dir_gone``:
+    the agent found the run's directory deleted (summary field ``run_dir_gone``). Whatever the host sent, the
+    answer is one of these (an ``exit`` that is not an object counts as none)."""
+    if not isinstance(exit_info, dict):
+        exit_info = None
     if exit_info:
         signal = _int(exit_info.get("signal"))
         if signal:
@@ -49,7 +57,7 @@ def run_end(state: Optional[str], exit_info: Optional[ExitInfo]) -> Optional[Run
             return RunEnd(f"exit code {code}", code, code != 0)
         return RunEnd("ended", None, False)  # an exit.json without a status: nothing to say it failed
     if state == p.JOB_LOST:
-        return RunEnd(LOST_TEXT, None, True)
+        return RunEnd(LOST_DIR_GONE_TEXT if dir_gone else LOST_TEXT, None, True)
     if state == p.JOB_EXITED:
         return RunEnd("ended", None, False)
     return None

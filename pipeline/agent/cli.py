@@ -43,10 +43,15 @@ def run(args: argparse.Namespace) -> int:
     if action == "runs":
         from eaglewatch.pipeline.agent.jobs import list_runs
 
+        from eaglewatch.safetext import safe_text
+
         for summary in list_runs(resolve_run_root(args.run_root)):
-            exit_info = summary["exit"] or {}
+            exit_info = summary["exit"] if isinstance(summary["exit"], dict) else {}
             how = exit_info.get("signal_name") or exit_info.get("code")
-            print(f"{summary['run']}\t{summary['state']}\t{'' if how is None else how}\t{summary['name'] or ''}")
+            if how is None and summary.get("run_dir_gone"):
+                how = "run directory gone"
+            # Names and exit records are whatever the run's launcher wrote: never raw to the terminal.
+            print("\t".join(safe_text(field) for field in (summary["run"], summary["state"], how, summary["name"])))
         return 0
     if action != "serve":
         print("eaglewatch agent: choose an action: serve, runs", file=sys.stderr)

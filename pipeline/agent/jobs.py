@@ -22,6 +22,9 @@ from eaglewatch.pipeline.agent.rundir import (
     JOB_RUNNING,
     JOB_STARTING,
     RunDir,
+    RunNotFound,
+    find_run,
+    is_run_id,
     new_run_id,
     run_dirs,
     summary,
@@ -173,7 +176,19 @@ def supervisor_alive(run: RunDir) -> bool:
         return not os.path.isdir("/proc/self")
 
 
+def dir_gone(run: RunDir) -> bool:
+    """The run directory was deleted (by hand, or a clean-up) while the run may still be going."""
+    return not os.path.isdir(run.path)
+
+
+def _marked(run_id: str, table: list[procs.ProcInfo] | None) -> list[procs.MarkedProcess]:
+    return [found for found in procs.marked_processes(table) if found.run_id == run_id]
+
+
 def run_state(run: RunDir, table: list[procs.ProcInfo] | None = None) -> str:
+    if dir_gone(run):
+        # Nothing is left to read; the processes tell the truth: they carry the run's marker while they live.
+        return JOB_RUNNING if _marked(run.run_id, table) else JOB_LOST
     if run.exit_path.exists():
         return JOB_EXITED
     pgid = run.pgid()
@@ -191,14 +206,95 @@ def run_state(run: RunDir, table: list[procs.ProcInfo] | None = None) -> str:
     return JOB_LOST
 
 
+def _started_from_id(run_id: str) -> float | None:
+    try:
+        return time.mktime(time.strptime(run_id[:15], "%Y%m%d-%H%M%S"))
+    except ValueError:
+        return None
+
+
+def _cmdline(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            words = fh.read().split(b"\0")
+    except OSError:
+        return None
+    return [os.fsdecode(word) for word in words[:-1]] or None
+
+
+def gone_summary(run_id: str, path: Path, marked: list[procs.MarkedProcess]) -> dict[str, Any]:
+    """A run whose directory is gone: what its live processes still say (the group leader's pid and command line),
+    ``run_dir_gone`` set, and ``running`` while any of them lives, ``lost`` once none does."""
+    leader = next((found for found in marked if found.pid == found.pgrp), None)
+    if leader is None and marked:
+        leader = min(marked, key=lambda found: found.pid)
+    return {
+        "run": run_id,
+        "name": None,
+        "state": JOB_RUNNING if marked else JOB_LOST,
+        "argv": _cmdline(leader.pid) if leader is not None else None,
+        "cwd": None,
+        "env": {},
+        "started_at": _started_from_id(run_id),
+        "restart_of": None,
+        "pid": leader.pid if leader is not None else None,
+        "pgid": leader.pgrp if leader is not None else None,
+        "exit": None,
+        "log_size": 0,
+        "events_size": 0,
+        "run_dir": str(path),
+        "run_dir_gone": True,
+    }
+
+
 def run_summary(run: RunDir, table: list[procs.ProcInfo] | None = None) -> dict[str, Any]:
+    if dir_gone(run):
+        return gone_summary(run.run_id, run.path, _marked(run.run_id, table))
     return summary(run, run_state(run, table))
+
+
+def _same_folder(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    return os.path.abspath(a) == os.path.abspath(b) or os.path.realpath(a) == os.path.realpath(b)
+
+
+def vanished_runs(root: Path, table: list[procs.ProcInfo] | None = None,
+                  known: set[str] | None = None) -> dict[str, list[procs.MarkedProcess]]:
+    """Runs of this run root whose directory is gone while some of their processes still live, by run id."""
+    found: dict[str, list[procs.MarkedProcess]] = {}
+    for marked in procs.marked_processes(table):
+        if known is not None and marked.run_id in known:
+            continue
+        if not is_run_id(marked.run_id) or not marked.run_dir or os.path.isdir(marked.run_dir):
+            continue
+        if os.path.basename(marked.run_dir) == marked.run_id and _same_folder(os.path.dirname(marked.run_dir), root):
+            found.setdefault(marked.run_id, []).append(marked)
+    return found
 
 
 def list_runs(root: Path) -> list[dict[str, Any]]:
     table = procs.snapshot()
-    summaries = [run_summary(run, table) for run in run_dirs(root)]
-    return sorted(summaries, key=lambda entry: entry.get("started_at") or 0, reverse=True)
+    runs = run_dirs(root)
+    summaries = [run_summary(run, table) for run in runs]
+    for run_id, marked in vanished_runs(root, table, {run.run_id for run in runs}).items():
+        summaries.append(gone_summary(run_id, root / run_id, marked))
+    return sorted(summaries, key=_started_key, reverse=True)
+
+
+def _started_key(entry: dict[str, Any]) -> float:
+    """A summary's start time for sorting, whatever a hand-edited cmd.json holds there."""
+    value = entry.get("started_at")
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+
+
+def find(root: Path, ref: str) -> RunDir:
+    """A run by id, name or unique id prefix (rundir.find_run), or by exact id a run whose directory is gone but
+    whose processes still live."""
+    try:
+        return find_run(root, ref)
+    except RunNotFound:
+        if isinstance(ref, str) and is_run_id(ref) and ref in vanished_runs(root):
+            return RunDir(root / ref)
+        raise
 
 
 def job_pids(root: Path) -> list[int]:
@@ -236,6 +332,8 @@ def stop(run: RunDir, grace_s: float = 10.0, notice: Notice | None = None) -> di
             last_signal = signal.SIGKILL
             if not procs.wait_until(lambda: not targets.remaining(), 10.0, 0.02):
                 raise JobError(f"processes of run {run.run_id} survived SIGKILL: {targets.remaining()}")
+    if dir_gone(run):
+        return run_summary(run)  # nowhere to record anything
     # The supervisor records the real status; if it is gone too, record what is known.
     recorded = procs.wait_until(lambda: run.exit_path.exists(), 3.0)
     if not recorded and not supervisor_alive(run) and not run.exit_path.exists():

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 RUN_ID_ENV = "EAGLEWATCH_RUN_ID"
+RUN_DIR_ENV = "EAGLEWATCH_RUN_DIR"
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,53 @@ def environ_has(pid: int, run_id: str) -> bool:
         return psutil.Process(pid).environ().get(RUN_ID_ENV) == run_id
     except Exception:
         return False
+
+
+def _environ_value(data: bytes, name: bytes) -> str | None:
+    prefix = name + b"="
+    for entry in data.split(b"\0"):
+        if entry.startswith(prefix):
+            return os.fsdecode(entry[len(prefix):])
+    return None
+
+
+def run_marks(pid: int) -> tuple[str, str | None] | None:
+    """(run id, run directory) from a process's environment, when it carries a run's marker."""
+    if _has_proc():
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                data = fh.read()
+        except OSError:
+            return None
+        run_id = _environ_value(data, RUN_ID_ENV.encode())
+        return (run_id, _environ_value(data, RUN_DIR_ENV.encode())) if run_id else None
+    try:
+        import psutil
+
+        env = psutil.Process(pid).environ()
+    except Exception:
+        return None
+    run_id = env.get(RUN_ID_ENV)
+    return (run_id, env.get(RUN_DIR_ENV)) if run_id else None
+
+
+@dataclass(frozen=True)
+class MarkedProcess:
+    pid: int
+    pgrp: int
+    run_id: str
+    run_dir: str | None
+
+
+def marked_processes(table: list[ProcInfo] | None = None) -> list[MarkedProcess]:
+    """Every live process that carries a run's marker (whatever its run directory holds, or whether it exists)."""
+    table = snapshot() if table is None else table
+    found = []
+    for info in table:
+        marks = run_marks(info.pid)
+        if marks is not None:
+            found.append(MarkedProcess(info.pid, info.pgrp, marks[0], marks[1]))
+    return found
 
 
 def snapshot() -> list[ProcInfo]:

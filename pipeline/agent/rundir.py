@@ -168,7 +168,7 @@ def find_run(root: Path, ref: str) -> RunDir:
         return RunDir(root / ref)
     runs = run_dirs(root)
     cmds = [(run.cmd(), run) for run in runs]
-    named = [(cmd.get("started_at") or 0, run) for cmd, run in cmds if cmd.get("name") == ref]
+    named = [(_number(cmd.get("started_at")), run) for cmd, run in cmds if cmd.get("name") == ref]
     if named:
         return max(named, key=lambda pair: pair[0])[1]
     by_prefix = [run for run in runs if run.run_id.startswith(ref)]
@@ -179,6 +179,11 @@ def find_run(root: Path, ref: str) -> RunDir:
             f"{ref!r} matches {len(by_prefix)} runs ({', '.join(r.run_id for r in by_prefix[:5])}); give more of the id"
         )
     raise RunNotFound(f"no run {ref!r} under {root}")
+
+
+def _number(value: Any) -> float:
+    """A time from cmd.json, or 0 for anything else (the file may have been edited by hand)."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
 
 def summary(run: RunDir, state: str) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import getpass
 import importlib.util
 import json
+import math
 import os
 import socket
 import sys
@@ -22,7 +23,7 @@ from typing import Any, BinaryIO, Callable
 from eaglewatch import __version__
 from eaglewatch import protocol as p
 from eaglewatch.pipeline.agent import jobs
-from eaglewatch.pipeline.agent.rundir import AmbiguousRun, RunDir, RunNotFound, find_run
+from eaglewatch.pipeline.agent.rundir import AmbiguousRun, RunDir, RunNotFound
 from eaglewatch.pipeline.agent.watch import DirWatcher
 
 LOG_CHUNK = 64 * 1024
@@ -143,7 +144,7 @@ class Streamer(threading.Thread):
         if watch.sent_state is None or full_check or run.exit_path.exists() != (watch.sent_state[0] == p.JOB_EXITED) \
                 or (watch.sent_state[1] is None and run.pid() is not None):
             summary = jobs.run_summary(run)
-            key = (summary["state"], summary["pid"])
+            key = (summary["state"], summary["pid"], bool(summary.get("run_dir_gone")))
             if key != watch.sent_state:
                 if summary["state"] == p.JOB_EXITED:
                     # The job's last bytes were written before exit.json: send them before the exit.
@@ -315,6 +316,14 @@ def _features() -> list[str]:
     return features
 
 
+def _seconds(args: dict[str, Any], key: str, default: float) -> float:
+    """A duration argument: a finite number, 0 or more (NaN or infinity would make a wait never end)."""
+    value = args.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise jobs.BadRequest(f"{key} must be a finite number of seconds, 0 or more, not {value!r}")
+    return float(value)
+
+
 class Server:
     def __init__(self, root: Path, stdin: BinaryIO, stdout: BinaryIO, idle_exit_s: float = p.AGENT_IDLE_EXIT_S):
         self.root = root
@@ -422,7 +431,7 @@ class Server:
         return {"runs": jobs.list_runs(self.root)}
 
     def op_status(self, args: dict[str, Any]) -> Any:
-        return jobs.run_summary(find_run(self.root, args["run"]))
+        return jobs.run_summary(jobs.find(self.root, args["run"]))
 
     def op_launch(self, args: dict[str, Any]) -> Any:
         run = jobs.launch(
@@ -431,7 +440,7 @@ class Server:
         return jobs.run_summary(run)
 
     def op_watch(self, args: dict[str, Any]) -> Any:
-        run = find_run(self.root, args["run"])
+        run = jobs.find(self.root, args["run"])
         self.streamer.add(run, int(args.get("log_offset") or 0), int(args.get("events_offset") or 0))
         return jobs.run_summary(run)
 
@@ -440,25 +449,25 @@ class Server:
         return {}
 
     def op_stop(self, args: dict[str, Any]) -> Any:
-        run = find_run(self.root, args["run"])
-        return jobs.stop(run, float(args.get("grace_s", 10.0)), self._notice(run.run_id))
+        run = jobs.find(self.root, args["run"])
+        return jobs.stop(run, _seconds(args, "grace_s", 10.0), self._notice(run.run_id))
 
     def op_restart(self, args: dict[str, Any]) -> Any:
-        run = find_run(self.root, args["run"])
+        run = jobs.find(self.root, args["run"])
         argv = args.get("argv")
         old, new = jobs.restart(
             self.root,
             run,
             argv=argv,
-            grace_s=float(args.get("grace_s", 10.0)),
-            gpu_timeout_s=float(args.get("gpu_timeout_s", 120.0)),
+            grace_s=_seconds(args, "grace_s", 10.0),
+            gpu_timeout_s=_seconds(args, "gpu_timeout_s", 120.0),
             notice=self._notice(run.run_id),
         )
         return {"old": old, "new": jobs.run_summary(new)}
 
     def op_gpu_history(self, args: dict[str, Any]) -> Any:
         """The last samples the run's supervisor recorded (none without NVML or the telemetry package)."""
-        run = find_run(self.root, args["run"])
+        run = jobs.find(self.root, args["run"])
         limit = max(0, min(int(args.get("limit") or 60), 1000))
         try:
             from eaglewatch.pipeline.telemetry.history import read_recent

@@ -96,20 +96,33 @@ def supervise(run_dir: Path) -> int:
         return 0
     finally:
         os.close(log_fd)
-    write_text_atomic(run.path / PID_FILE, f"{child.pid}\n")
-    write_text_atomic(run.path / PGID_FILE, f"{child.pid}\n")
+    _keep(write_text_atomic, run.path / PID_FILE, f"{child.pid}\n")
+    _keep(write_text_atomic, run.path / PGID_FILE, f"{child.pid}\n")
     history = _start_gpu_history(run)
     _, status = os.waitpid(child.pid, 0)
     record = _exit_record(status)
     record["ended_at"] = time.time()
     record["recorded_by"] = "supervisor"
-    write_json_atomic(run.exit_path, record)
+    _keep(write_json_atomic, run.exit_path, record)
+    # Leftovers are ended even when nothing can be recorded (the run directory was deleted): they hold GPUs.
     leftovers = clear_leftovers(run, child.pid, _env_seconds(LEFTOVER_GRACE_ENV, LEFTOVER_GRACE_S))
     if leftovers is not None:
-        write_json_atomic(run.exit_path, {**record, "leftovers": leftovers})
+        _keep(write_json_atomic, run.exit_path, {**record, "leftovers": leftovers})
     if history is not None:
-        history.finish()  # a last line: the memory the run held, released (or not)
+        try:
+            history.finish()  # a last line: the memory the run held, released (or not)
+        except OSError:
+            pass
     return 0
+
+
+def _keep(write, path: Path, content) -> bool:
+    """Write a record of the run; False when its directory is gone (deleted under the running job)."""
+    try:
+        write(path, content)
+    except OSError:
+        return False
+    return True
 
 
 def _env_seconds(name: str, default: float) -> float:

@@ -16,6 +16,7 @@ from textual.binding import Binding
 from textual.widgets import Footer, Static
 from textual.worker import get_current_worker
 
+from eaglewatch.safetext import safe_text
 from eaglewatch.tui.app.screens.dialogs import HostKeyScreen
 from eaglewatch.tui.app.screens.run import RunScreen
 from eaglewatch.tui.app.screens.runs import RunsScreen
@@ -23,6 +24,7 @@ from eaglewatch.tui.messages import RunSummary
 from eaglewatch.tui.runstate import RunModel, Thresholds
 
 if TYPE_CHECKING:
+    from textual.notifications import SeverityLevel
     from textual.worker import Worker
 
     from eaglewatch.tui.connection import Connection, UnknownHostKeyError
@@ -82,7 +84,7 @@ class DashboardApp(App):
         self._owns_connection = connection is None
 
     def compose(self) -> ComposeResult:
-        yield Static(f"connecting to {self.host}…", id="status", markup=False)
+        yield Static(f"connecting to {safe_text(self.host)}…", id="status", markup=False)
         yield Footer()
 
     def on_mount(self) -> None:
@@ -92,11 +94,20 @@ class DashboardApp(App):
         self._start()
 
     def set_status(self, text: str, problem: str = "") -> None:
-        """Plain text (commands and errors hold brackets that are not markup)."""
+        """Plain text (commands and errors hold brackets that are not markup), through safe_text (they quote the
+        host)."""
         from rich.text import Text
 
-        line = Text.assemble((problem, "bold red"), text) if problem else Text(text)
+        text = safe_text(text, keep="\n")
+        line = Text.assemble((safe_text(problem), "bold red"), text) if problem else Text(text)
         self.query_one("#status", Static).update(line)
+
+    def notify(self, message: str, *, title: str = "", severity: "SeverityLevel" = "information",
+               timeout: Optional[float] = None, markup: bool = False) -> None:
+        """Every notification and alert of the dashboard quotes the host (a failure's message, a run's name, an
+        error from the link): shown through safe_text, and not read as markup unless a caller asks for it."""
+        super().notify(safe_text(message, keep="\n"), title=safe_text(title), severity=severity, timeout=timeout,
+                       markup=markup)
 
     # ------------------------------------------------------------------ start-up (thread worker)
 

@@ -7,6 +7,7 @@ import sys
 from typing import TYPE_CHECKING, Optional
 
 from eaglewatch.errors import UserError
+from eaglewatch.safetext import safe_text
 from eaglewatch.tui.commands import _common
 
 if TYPE_CHECKING:
@@ -24,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="attach to this run at once (id, unique prefix, or name)")
     parser.add_argument("--profile", default=None, help="launch this saved profile from the config file, then watch it")
     parser.add_argument("--read-only", action="store_true", help="refuse every key that would change a job")
-    parser.add_argument("--stall-after", type=float, default=None, metavar="MIN",
+    parser.add_argument("--stall-after", type=_common.positive, default=None, metavar="MIN",
                         help="alert when loading or extraction makes no progress for MIN minutes (default 5)")
     _common.add_connection_options(parser)  # --config among them
 
@@ -45,15 +46,16 @@ def run_app(app: "DashboardApp") -> int:
     result = app.run()
     if isinstance(result, tuple):
         what, run, *rest = result
+        host, run_id = safe_text(app.host), safe_text(run)
         if what == "detached" and run:
-            print(f"eaglewatch: detached from {run} on {app.host}; it keeps running. "
-                  f"Reattach: eaglewatch {app.host} {run}", file=sys.stderr)
+            print(f"eaglewatch: detached from {run_id} on {host}; it keeps running. "
+                  f"Reattach: eaglewatch {host} {run_id}", file=sys.stderr)
         elif what == "left" and run:
-            how = f" ({rest[0]})" if rest and rest[0] else ""  # the run screen's RunView.exit_text
-            print(f"eaglewatch: {run} on {app.host} has ended{how}. "
-                  f"Look again: eaglewatch {app.host} {run}", file=sys.stderr)
+            how = f" ({safe_text(rest[0])})" if rest and rest[0] else ""  # the run screen's RunView.exit_text
+            print(f"eaglewatch: {run_id} on {host} has ended{how}. "
+                  f"Look again: eaglewatch {host} {run_id}", file=sys.stderr)
         elif what == "stopped" and run:
-            print(f"eaglewatch: stopped {run} on {app.host}", file=sys.stderr)
+            print(f"eaglewatch: stopped {run_id} on {host}", file=sys.stderr)
     return int(app.return_code or 0)
 
 
@@ -82,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
         profile = cfg.profiles.get(args.profile)
         if profile is None:
             known = ", ".join(sorted(cfg.profiles)) or "none"
-            raise UserError(f"no profile {args.profile!r} in {cfg.path or 'the config file'} (known: {known})")
+            where = cfg.path or "the config file"
+            raise UserError(safe_text(f"no profile {args.profile!r} in {where} (known: {known})"))
         host_name = host_name or profile.host
         from eaglewatch.tui.app.app import LaunchRequest
 

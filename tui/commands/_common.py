@@ -5,15 +5,17 @@ sentence."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, NoReturn, Optional, ParamSpec, TypeVar
 
 from eaglewatch.errors import UserError
+from eaglewatch.safetext import safe_text
 from eaglewatch.tui import config
 from eaglewatch.tui.messages import RunSummary
-from eaglewatch.tui.runend import run_end
+from eaglewatch.tui.runend import DIR_GONE_TEXT, run_end
 
 if TYPE_CHECKING:
     from eaglewatch.tui.connection import Connection, SSHOptions, UnknownHostKeyError
@@ -68,7 +70,11 @@ def resolve_host(args: argparse.Namespace, host: Optional[str] = None,
     from eaglewatch.tui.connection import SSHOptions
 
     cfg = cfg if cfg is not None else config.load(args.config)
-    name = host or getattr(args, "host", None) or "local"
+    name = host if host is not None else getattr(args, "host", None)
+    if name is None:
+        name = "local"
+    if not name.strip():
+        raise UserError(f"HOST is empty: {HOST_HELP}")
     entry = cfg.host(name)
     python = args.python or entry.python or os.environ.get(REMOTE_PYTHON_ENV) or DEFAULT_REMOTE_PYTHON
     options = SSHOptions(
@@ -84,9 +90,15 @@ def resolve_host(args: argparse.Namespace, host: Optional[str] = None,
 def _confirm_interactively(error: "UnknownHostKeyError") -> bool:
     if not (sys.stdin.isatty() and sys.stderr.isatty()):
         return False
-    print(f"eaglewatch: {error}", file=sys.stderr)
-    answer = input(f"Accept {error.key_type} {error.fingerprint} for {error.host_id}? [y/N] ")
+    print(f"eaglewatch: {safe_text(error)}", file=sys.stderr)
+    answer = input(f"Accept {safe_text(error.key_type)} {safe_text(error.fingerprint)} for "
+                   f"{safe_text(error.host_id)}? [y/N] ")
     return answer.strip().lower() in ("y", "yes")
+
+
+def user_error(what: object) -> UserError:
+    """A UserError whose text may quote the host (its stderr, its banner, a run's name): shown through safe_text."""
+    return UserError(safe_text(what))
 
 
 def connect(args: argparse.Namespace) -> "Connection":
@@ -97,23 +109,24 @@ def connect(args: argparse.Namespace) -> "Connection":
     try:
         connection = Connection(target.spec, run_root=target.run_root, ssh_options=target.ssh_options)
     except ValueError as exc:
-        raise UserError(str(exc)) from None
+        raise user_error(exc) from None
     for _ in range(2):
         try:
             connection.connect()
             return connection
         except UnknownHostKeyError as exc:
             if args.accept_host_key is not None and args.accept_host_key != exc.fingerprint:
-                raise UserError(
+                raise user_error(
                     f"{exc.host_id} presents {exc.fingerprint}, not the {args.accept_host_key} you accepted; "
                     "nothing was recorded"
                 ) from None
             if args.accept_host_key is None and not _confirm_interactively(exc):
-                raise UserError(f"{exc}. To accept it, run again with --accept-host-key {exc.fingerprint}") from None
+                raise user_error(f"{exc}. To accept it, run again with --accept-host-key {exc.fingerprint}") from None
             written = connection.accept_host_key(exc)
-            print(f"eaglewatch: recorded {exc.host_id} {exc.key_type} {exc.fingerprint} in {written}", file=sys.stderr)
+            print(f"eaglewatch: recorded {safe_text(exc.host_id)} {safe_text(exc.key_type)} "
+                  f"{safe_text(exc.fingerprint)} in {safe_text(written)}", file=sys.stderr)
         except ConnectionFailed as exc:
-            raise UserError(str(exc)) from None
+            raise user_error(exc) from None
     raise UserError("could not connect after accepting the host key")
 
 
@@ -124,14 +137,38 @@ def agent_call(function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T
     try:
         return function(*args, **kwargs)
     except AgentError as exc:
-        raise UserError(str(exc)) from None
+        raise user_error(exc) from None
     except LinkLost as exc:
-        raise UserError(f"the link to the host was lost: {exc}") from None
+        raise user_error(f"the link to the host was lost: {exc}") from None
+    except TimeoutError as exc:
+        raise user_error(f"{exc}; the host may be overloaded, or the link hangs") from None
+
+
+def positive(text: str) -> float:
+    """An argparse type: a finite number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a finite number above 0")
+    return value
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a finite, non-negative number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a finite number of seconds, 0 or more")
+    return value
 
 
 class _RaisingParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        raise UserError(f"{message} (options go between HOST and --)")
+        raise user_error(f"{message} (options go between HOST and --)")
 
 
 def split_command(args: argparse.Namespace, add_options: Callable[[argparse.ArgumentParser], None]) -> list[str]:
@@ -165,14 +202,17 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
 
 
 def describe_exit(summary: RunSummary) -> str:
-    """How the run ended (eaglewatch.tui.runend), or its state while it has not."""
-    end = run_end(summary.get("state"), summary.get("exit"))
-    return end.text if end is not None else str(summary.get("state"))
+    """How the run ended (eaglewatch.tui.runend), or its state while it has not; safe for a terminal."""
+    end = run_end(summary.get("state"), summary.get("exit"), bool(summary.get("run_dir_gone")))
+    if end is not None:
+        return safe_text(end.text)
+    state = safe_text(summary.get("state"))
+    return f"{state}, {DIR_GONE_TEXT}" if summary.get("run_dir_gone") else state
 
 
 def exit_status(summary: RunSummary) -> int:
     """The shell's convention: the job's code, or 128 + the signal that killed it; 1 when unknown."""
-    end = run_end(summary.get("state"), summary.get("exit"))
+    end = run_end(summary.get("state"), summary.get("exit"), bool(summary.get("run_dir_gone")))
     return end.status if end is not None else 1
 
 

@@ -1,8 +1,10 @@
 """``eaglewatch attach HOST RUN``: stream a run's log to this terminal, as plain text, until it ends.
 
-The bytes are written exactly as the host's log holds them. The link may drop and come back: streaming resumes
-where it stopped, nothing repeated or skipped. Ctrl-C detaches; the job keeps running. The exit status is the
-job's (128 + signal when a signal ended it).
+The log's text is written as the host's log holds it, with its line ends, tabs and SGR colours; every other escape
+or control sequence (titles, the clipboard, cursor moves, screen clears, C1 controls, bidi overrides) is shown
+visibly instead (``eaglewatch.safetext.TerminalStream``), and so is everything else this command prints from the
+host. The link may drop and come back: streaming resumes where it stopped, nothing repeated or skipped. Ctrl-C
+detaches; the job keeps running. The exit status is the job's (128 + signal when a signal ended it).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from eaglewatch.errors import UserError
+from eaglewatch.safetext import TerminalStream, safe_text
 from eaglewatch.tui.commands import _common
 from eaglewatch.tui.messages import Event, JobState, LinkState, LogChunk, Notice, RunSummary, Telemetry, unexpected_item
 
@@ -32,6 +35,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "instead of the raw bytes")
 
 
+class _SafeOut:
+    """stdout for text that quotes the log (the decoder's notes): every write goes through safe_text."""
+
+    def write(self, text: str) -> int:
+        return sys.stdout.write(safe_text(text, keep="\n\t"))
+
+    def flush(self) -> None:
+        sys.stdout.flush()
+
+
+def _say(message: str) -> None:
+    print(f"[eaglewatch] {safe_text(message)}", file=sys.stderr)
+
+
 class _DecodedView:
     """Feeds the stream to eaglewatch.decode and prints its live notes and final summary as text."""
 
@@ -41,7 +58,7 @@ class _DecodedView:
 
         self.label = label
         self.decoder = Decoder()
-        self.notes = LiveNotes(self.decoder.state)
+        self.notes = LiveNotes(self.decoder.state, out=_SafeOut())  # type: ignore[arg-type]
 
     def feed(self, data: bytes) -> None:
         self.notes.emit(self.decoder.feed(data))
@@ -53,7 +70,7 @@ class _DecodedView:
         from eaglewatch.decode.report import render_text
 
         self.notes.emit(self.decoder.finish())
-        sys.stdout.write(render_text(self.decoder.state, self.label))
+        sys.stdout.write(safe_text(render_text(self.decoder.state, self.label), keep="\n\t"))
         sys.stdout.flush()
 
 
@@ -68,7 +85,9 @@ def follow(connection: "Connection", run: str, from_end: bool, show_events: bool
     offset = int(summary.get("log_size") or 0) if from_end else 0
     watch = _common.agent_call(connection.watch, summary["run"], log_offset=offset)
     out = sys.stdout.buffer
+    raw = TerminalStream()
     final: RunSummary = summary
+    run_id = safe_text(summary["run"])
     try:
         while True:
             batch = watch.get(timeout=0.5)
@@ -78,7 +97,7 @@ def follow(connection: "Connection", run: str, from_end: bool, show_events: bool
                         if view is not None:
                             view.feed(item.data)
                         else:
-                            out.write(item.data)
+                            out.write(raw.feed(item.data))
                     case Event():
                         if show_events:
                             print(f"[event] {json.dumps(item.event if item.event is not None else item.raw)}",
@@ -86,11 +105,10 @@ def follow(connection: "Connection", run: str, from_end: bool, show_events: bool
                     case JobState():
                         final = item.summary or final
                     case Notice():
-                        print(f"[eaglewatch] {item.message}", file=sys.stderr)
+                        _say(item.message)
                     case LinkState():
                         if item.state != "closed":
-                            print(f"[eaglewatch] link {item.state}{': ' + item.detail if item.detail else ''}",
-                                  file=sys.stderr)
+                            _say(f"link {item.state}{': ' + item.detail if item.detail else ''}")
                         if item.state == "failed":
                             return 255
                     case Telemetry():
@@ -103,11 +121,15 @@ def follow(connection: "Connection", run: str, from_end: bool, show_events: bool
             if watch.finished.is_set() and watch.queue.empty():
                 break
     except KeyboardInterrupt:
-        print(f"\n[eaglewatch] detached from {summary['run']}; it keeps running", file=sys.stderr)
+        out.write(raw.finish())
+        out.flush()
+        print(f"\n[eaglewatch] detached from {run_id}; it keeps running", file=sys.stderr)
         return 130
+    out.write(raw.finish())
+    out.flush()
     if view is not None:
         view.finish()
-    print(f"[eaglewatch] run {summary['run']} {_common.describe_exit(final)}", file=sys.stderr)
+    print(f"[eaglewatch] run {run_id} {_common.describe_exit(final)}", file=sys.stderr)
     return _common.exit_status(final)
 
 

@@ -12,6 +12,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from eaglewatch.errors import UserError
+from eaglewatch.safetext import safe_text
 from eaglewatch.tui.commands import _common
 from eaglewatch.tui.messages import RunSummary
 
@@ -50,11 +51,11 @@ def start(connection: "Connection", args: argparse.Namespace, argv: list[str], e
     """Launch the run; its id (or, with --json, its summary) goes to stdout, where it runs to stderr."""
     summary = _common.agent_call(connection.launch, argv, cwd=args.cwd, env=env, name=args.name)
     if args.json:
-        print(json.dumps(summary, ensure_ascii=False))
+        print(json.dumps(summary, ensure_ascii=True))
     else:
-        print(summary["run"])
-    print(f"eaglewatch: launched {summary['run']} on {args.host} (pid {summary.get('pid')}, "
-          f"{summary.get('run_dir')})", file=sys.stderr)
+        print(safe_text(summary["run"]))
+    print(f"eaglewatch: launched {safe_text(summary['run'])} on {safe_text(args.host)} "
+          f"(pid {safe_text(summary.get('pid'))}, {safe_text(summary.get('run_dir'))})", file=sys.stderr)
     sys.stdout.flush()
     return summary
 

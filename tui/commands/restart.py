@@ -6,14 +6,16 @@ from __future__ import annotations
 import argparse
 import sys
 
+from eaglewatch.safetext import safe_text
 from eaglewatch.tui.commands import _common
 
 HELP = "stop a run and start its command again as a new run (optionally with new arguments)"
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL (%(default)s)")
-    parser.add_argument("--gpu-timeout", type=float, default=120.0,
+    parser.add_argument("--grace", type=_common.seconds, default=10.0,
+                        help="seconds between SIGTERM and SIGKILL (%(default)s)")
+    parser.add_argument("--gpu-timeout", type=_common.seconds, default=120.0,
                         help="how long to wait for the old run's GPU memory to be freed (%(default)s s)")
     parser.add_argument("--attach", action="store_true", help="stream the new run's log until it ends")
 
@@ -33,8 +35,9 @@ def run(args: argparse.Namespace) -> int:
         result = _common.agent_call(connection.restart, args.run, argv, grace_s=args.grace,
                                     gpu_timeout_s=args.gpu_timeout)
         old, new = result["old"], result["new"]
-        print(new["run"])
-        print(f"eaglewatch: {old['run']} {_common.describe_exit(old)}; restarted as {new['run']}", file=sys.stderr)
+        print(safe_text(new["run"]))
+        print(f"eaglewatch: {safe_text(old['run'])} {_common.describe_exit(old)}; restarted as "
+              f"{safe_text(new['run'])}", file=sys.stderr)
         sys.stdout.flush()
         if args.attach:
             from eaglewatch.tui.commands.attach import follow

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from eaglewatch.safetext import safe_text
 from eaglewatch.tui.commands import _common
 
 HELP = "stop a run: SIGTERM its whole process group, then SIGKILL after a grace period"
@@ -12,7 +13,8 @@ HELP = "stop a run: SIGTERM its whole process group, then SIGKILL after a grace 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     _common.add_host_arguments(parser)
     parser.add_argument("run", metavar="RUN", help="run id, a unique prefix of it, or the run's name")
-    parser.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL (%(default)s)")
+    parser.add_argument("--grace", type=_common.seconds, default=10.0,
+                        help="seconds between SIGTERM and SIGKILL (%(default)s)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -21,5 +23,5 @@ def run(args: argparse.Namespace) -> int:
         summary = _common.agent_call(connection.stop, args.run, grace_s=args.grace)
     finally:
         _common.close_quietly(connection)
-    print(f"{summary['run']}\t{_common.describe_exit(summary)}")
+    print(f"{safe_text(summary['run'])}\t{_common.describe_exit(summary)}")
     return 0

@@ -1,8 +1,9 @@
 """The agent as one zipapp file, built from this installation, to upload to a host that has no eaglewatch.
 
-It holds only the stdlib-only modules the agent needs (eaglewatch/__init__, protocol, errors, pipeline/__init__,
-pipeline/agent, and pipeline/telemetry when present, whose heavy parts are imported lazily). The file name carries
-the version and a hash of the content, so a changed agent is a new file and two versions never mix.
+It holds only the stdlib-only modules the agent needs (eaglewatch/__init__, protocol, errors, safetext,
+pipeline/__init__, pipeline/agent, and pipeline/telemetry when present, whose heavy parts are imported lazily). The
+file name carries the version and a hash of the content, so a changed agent is a new file and two versions never
+mix.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def _files() -> list[tuple[str, Path]]:
         ("eaglewatch/__init__.py", top / "__init__.py"),
         ("eaglewatch/protocol.py", top / "protocol.py"),
         ("eaglewatch/errors.py", top / "errors.py"),
+        ("eaglewatch/safetext.py", top / "safetext.py"),
         ("eaglewatch/pipeline/__init__.py", pipeline / "__init__.py"),
     ]
     files += [(f"eaglewatch/pipeline/agent/{path.name}", path) for path in sorted(agent.glob("*.py"))]

@@ -5,6 +5,7 @@ A link carries one agent's lifetime. When it dies the connection makes a new one
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import posixpath
@@ -18,12 +19,25 @@ import threading
 from typing import Any, Protocol, Sequence, cast
 
 from eaglewatch import protocol
+from eaglewatch.safetext import safe_text
 from eaglewatch.tui.connection import bundle
 from eaglewatch.tui.connection.errors import AgentStartError, ConnectionFailed
 from eaglewatch.tui.connection.ssh import SSHChain, SSHOptions, connect
 from eaglewatch.tui.connection.target import Endpoint
 
 TIMEOUT = object()  # what recv returns when nothing arrived in time
+
+# The shell upload: $1 folder, $2 partial name, $3 final name, $4 expected SHA-256, $5 the host's Python, $6 the
+# Python that prints a file's SHA-256. A partial that does not match is removed, never renamed into place.
+_SHELL_INSTALL = (
+    'umask 077 && mkdir -p -- "$1" && cd -- "$1" || exit 1; '
+    'cat > "$2" || { rm -f -- "$2"; exit 1; }; '
+    'got=$("$5" -c "$6" "$2") || { rm -f -- "$2"; exit 1; }; '
+    'if [ "$got" != "$4" ]; then rm -f -- "$2"; '
+    'echo "the uploaded agent does not match its SHA-256 (cut short, or altered)" >&2; exit 3; fi; '
+    'chmod 644 "$2" && mv -f -- "$2" "$3" && pwd'
+)
+_SHA256_OF_FILE = "import hashlib,sys;print(hashlib.sha256(open(sys.argv[1],'rb').read()).hexdigest())"
 
 
 class Link(Protocol):
@@ -131,9 +145,13 @@ class LocalLink:
 
 
 class AgentUploader:
-    """Puts the agent zipapp on the host over SFTP, once per content hash, atomically (upload then rename).
+    """Puts the agent zipapp on the host over SFTP, once per content hash, atomically: upload to a temporary name,
+    check its SHA-256, then rename. A file already at the agent's name is used only when its SHA-256 is the
+    bundle's; otherwise (a cut upload, an edited or corrupted file) it is replaced the same way. So a half-written
+    or altered agent is never run.
 
-    Hosts that refuse the SFTP subsystem get it through ``cat`` on an exec channel instead (the same atomic rename).
+    Hosts that refuse the SFTP subsystem get it through ``cat`` on an exec channel instead, checked with the host's
+    Python (the one that runs the agent) before the same atomic rename.
     """
 
     def __init__(self) -> None:
@@ -148,46 +166,64 @@ class AgentUploader:
             return self._known[key]
         import paramiko
 
-        data, _ = bundle.build()
+        data, digest = bundle.build()
         try:
             sftp = paramiko.SFTPClient.from_transport(chain.transport)
         except (paramiko.SSHException, EOFError, OSError) as exc:
-            remote = self._upload_without_sftp(chain, endpoint, options, data, exc)
+            remote = self._upload_without_sftp(chain, endpoint, options, data, digest, exc)
             self._known[key] = remote
             return remote
         try:
             home = sftp.normalize(".")
             folder = options.agent_dir if options.agent_dir.startswith("/") else posixpath.join(home, options.agent_dir)
             remote = posixpath.join(folder, bundle.file_name())
-            try:
-                if sftp.stat(remote).st_size == len(data):
-                    self._known[key] = remote
-                    return remote
-            except FileNotFoundError:
-                pass
-            self._mkdirs(sftp, folder)
-            partial = f"{remote}.part-{secrets.token_hex(4)}"
-            with sftp.open(partial, "wb") as fh:
-                fh.set_pipelined(True)
-                fh.write(data)
-            sftp.chmod(partial, 0o644)
-            sftp.posix_rename(partial, remote)
+            if not self._holds(sftp, remote, len(data), digest):
+                self._mkdirs(sftp, folder)
+                partial = f"{remote}.part-{secrets.token_hex(4)}"
+                try:
+                    with sftp.open(partial, "wb") as fh:
+                        fh.set_pipelined(True)
+                        fh.write(data)
+                    if not self._holds(sftp, partial, len(data), digest):
+                        raise ConnectionFailed(f"cannot install the agent on {endpoint}: the uploaded file does not "
+                                               "match the agent's SHA-256 (cut short, or altered on the host)")
+                    sftp.chmod(partial, 0o644)
+                    sftp.posix_rename(partial, remote)
+                except BaseException:
+                    try:
+                        sftp.remove(partial)
+                    except (OSError, paramiko.SSHException, EOFError):
+                        pass
+                    raise
         except (OSError, paramiko.SSHException, EOFError) as exc:
-            raise ConnectionFailed(f"cannot install the agent on {endpoint} over SFTP: {exc}") from None
+            raise ConnectionFailed(f"cannot install the agent on {endpoint} over SFTP: {safe_text(exc)}") from None
         finally:
             sftp.close()
         self._known[key] = remote
         return remote
 
     @staticmethod
-    def _upload_without_sftp(chain: SSHChain, endpoint: Endpoint, options: SSHOptions, data: bytes,
+    def _holds(sftp: Any, path: str, size: int, digest: str) -> bool:
+        """Whether the file at ``path`` is the agent: its size, then the SHA-256 of what it holds."""
+        try:
+            if sftp.stat(path).st_size != size:
+                return False
+            with sftp.open(path, "rb") as fh:
+                fh.prefetch(size)
+                content = fh.read(size + 1)
+        except FileNotFoundError:
+            return False
+        return hashlib.sha256(content).hexdigest() == digest
+
+    @staticmethod
+    def _upload_without_sftp(chain: SSHChain, endpoint: Endpoint, options: SSHOptions, data: bytes, digest: str,
                              sftp_error: BaseException) -> str:
-        """``cat`` into a partial file, then rename; the script prints the folder's absolute path."""
+        """``cat`` into a partial file, check its SHA-256 with the host's Python, then rename; the script prints
+        the folder's absolute path. Every word travels as a quoted argument of ``sh -c``."""
         name = bundle.file_name()
         partial = f"{name}.part-{secrets.token_hex(4)}"
-        script = ('umask 077 && mkdir -p -- "$1" && cd -- "$1" && cat > "$2" && chmod 644 "$2" '
-                  '&& mv -f -- "$2" "$3" && pwd')
-        command = remote_command(["sh", "-c", script, "sh", options.agent_dir, partial, name])
+        command = remote_command(["sh", "-c", _SHELL_INSTALL, "sh", options.agent_dir, partial, name, digest,
+                                  options.python, _SHA256_OF_FILE])
         try:
             channel = chain.transport.open_session(timeout=10)
             channel.settimeout(max(30.0, options.connect_timeout_s))
@@ -204,12 +240,13 @@ class AgentUploader:
             err = channel.recv_stderr(4096).decode("utf-8", "replace").strip() if channel.recv_stderr_ready() else ""
             channel.close()
         except Exception as exc:
-            raise ConnectionFailed(f"cannot install the agent on {endpoint}: SFTP refused ({sftp_error}), and "
-                                   f"the upload through the shell failed: {exc}") from None
+            raise ConnectionFailed(f"cannot install the agent on {endpoint}: SFTP refused ({safe_text(sftp_error)}), "
+                                   f"and the upload through the shell failed: {safe_text(exc)}") from None
         folder = out.decode("utf-8", "replace").strip()
         if status != 0 or not folder.startswith("/"):
-            raise ConnectionFailed(f"cannot install the agent on {endpoint}: SFTP refused ({sftp_error}), and "
-                                   f"the upload through the shell exited with {status}" + (f": {err}" if err else ""))
+            raise ConnectionFailed(f"cannot install the agent on {endpoint}: SFTP refused ({safe_text(sftp_error)}), "
+                                   f"and the upload through the shell exited with {status}"
+                                   + (f": {safe_text(err)}" if err else ""))
         return posixpath.join(folder, name)
 
     @staticmethod
@@ -237,7 +274,7 @@ class SSHLink:
             self.channel.exec_command(command)
         except Exception as exc:
             chain.close()
-            raise ConnectionFailed(f"cannot start the agent on {endpoint}: {exc}") from None
+            raise ConnectionFailed(f"cannot start the agent on {endpoint}: {safe_text(exc)}") from None
 
     def send(self, data: bytes) -> None:
         self.channel.sendall(data)
@@ -291,6 +328,6 @@ def open_ssh_link(
 
 
 def start_error(link: Link, what: str) -> AgentStartError:
-    stderr = link.stderr_text().strip()
-    hint = f": {stderr[-600:]}" if stderr else ""
+    stderr = safe_text(link.stderr_text().strip()[-600:], keep="\n")
+    hint = f": {stderr}" if stderr else ""
     return AgentStartError(f"{what} ({link.description}){hint}")

@@ -13,6 +13,7 @@ import time
 from typing import Any, Callable
 
 from eaglewatch import protocol
+from eaglewatch.safetext import safe_text
 from eaglewatch.tui.connection.errors import AgentError, AgentStartError, ConnectionFailed, LinkLost
 from eaglewatch.tui.connection.links import TIMEOUT, Link, start_error
 
@@ -97,8 +98,8 @@ class AgentSession:
                     self.die(f"nothing from the agent for {self.dead_after_s:g} s: the link or the host hangs")
                     return
             elif not data:
-                stderr = self.link.stderr_text().strip()
-                self.die("the link closed" + (f" ({stderr[-300:]})" if stderr else ""))
+                stderr = safe_text(self.link.stderr_text().strip()[-300:])
+                self.die("the link closed" + (f" ({stderr})" if stderr else ""))
                 return
             else:
                 self.last_rx = now
@@ -119,7 +120,7 @@ class AgentSession:
             try:
                 message = protocol.decode(line)
             except protocol.ProtocolError as exc:
-                self.die(f"the agent sent a line this client cannot read: {exc}")
+                self.die(f"the agent sent a line this client cannot read: {safe_text(exc)}")
                 return False
             if message.get("type") == protocol.MSG_REPLY:
                 self._resolve(message)

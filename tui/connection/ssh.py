@@ -5,10 +5,14 @@ Nothing here ever asks for, takes or stores a password: keys (files or ssh-agent
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from eaglewatch.safetext import safe_text
 
 from eaglewatch.tui.connection.errors import (
     AuthenticationFailed,
@@ -17,6 +21,12 @@ from eaglewatch.tui.connection.errors import (
     UnknownHostKeyError,
 )
 from eaglewatch.tui.connection.target import DEFAULT_SSH_CONFIG, Endpoint
+
+# paramiko's transport thread logs what went wrong, with a traceback, to this logger's children; without a handler
+# Python's last-resort handler would print that on the operator's stderr beside the one clear sentence the
+# connection raises (and quote the host's bytes raw). Configure logging to see them.
+LOG_CHANNEL = "eaglewatch.ssh"
+logging.getLogger(LOG_CHANNEL).addHandler(logging.NullHandler())
 
 DEFAULT_KNOWN_HOSTS = ("~/.ssh/known_hosts", "/etc/ssh/ssh_known_hosts")
 DEFAULT_IDENTITIES = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
@@ -34,6 +44,9 @@ class SSHOptions:
     identity_files: tuple[str, ...] = ()
     use_ssh_agent: bool = True
     connect_timeout_s: float = 10.0
+    # A server that accepts TCP but sends no SSH banner in this long is not an SSH server we can use (a hung sshd,
+    # a port forwarded to nothing, another service): said at once rather than after the whole connect timeout.
+    banner_timeout_s: float = 5.0
     # The remote interpreter that runs the agent (absolute paths avoid a PATH lookup through the login shell).
     python: str = "python3"
     # Where the agent zipapp is uploaded, relative to the remote home unless absolute.
@@ -179,7 +192,7 @@ def _open_transport(endpoint: Endpoint, sock: Any, options: SSHOptions) -> Any:
     import paramiko
 
     transport = paramiko.Transport(sock)
-    transport.set_log_channel(f"eaglewatch.ssh.{endpoint.hostname}")
+    transport.set_log_channel(f"{LOG_CHANNEL}.{endpoint.hostname}")
     security = transport.get_security_options()
     # AES-GCM first: an AEAD cipher needs no separate MAC, whose check paramiko does byte by byte in Python for
     # every packet; with one packet per log write that check is most of the client's CPU.
@@ -192,14 +205,42 @@ def _open_transport(endpoint: Endpoint, sock: Any, options: SSHOptions) -> Any:
         preferred = [name for name in security.key_types if name in known or
                      (name.startswith("rsa-sha2") and "ssh-rsa" in known)]
         security.key_types = preferred + [name for name in security.key_types if name not in preferred]
+    transport.banner_timeout = options.banner_timeout_s
+    started = time.monotonic()
     try:
-        transport.start_client(timeout=options.connect_timeout_s)
+        try:
+            transport.start_client(timeout=options.connect_timeout_s)
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise _handshake_failure(endpoint, transport, exc, time.monotonic() - started, options) from None
+        if not transport.is_active() or not transport.initial_kex_done:
+            raise ConnectionFailed(
+                f"{endpoint.hostname}:{endpoint.port} did not finish the SSH handshake within "
+                f"{options.connect_timeout_s:g} s" + (f" (it says it is {safe_text(transport.remote_version)})"
+                                                       if transport.remote_version else "")
+            )
         verify_host_key(endpoint, transport.get_remote_server_key(), options)
         authenticate(transport, endpoint, options)
     except BaseException:
         transport.close()
         raise
     return transport
+
+
+def _handshake_failure(endpoint: Endpoint, transport: Any, exc: BaseException, elapsed_s: float,
+                       options: SSHOptions) -> ConnectionFailed:
+    """The handshake failed: say whether anything SSH ever answered, in words, quoting the server safely."""
+    where = f"{endpoint.hostname}:{endpoint.port}"
+    text = str(exc)
+    if not transport.remote_version:
+        if text.startswith("Indecipherable protocol version"):
+            said = text.partition('"')[2].rstrip('"')[:120]
+            return ConnectionFailed(f"{where} is not an SSH server: it answered {safe_text(repr(said))} instead of "
+                                    "an SSH banner")
+        if elapsed_s >= options.banner_timeout_s * 0.9:
+            return ConnectionFailed(f"{where} accepted the connection but sent no SSH banner within "
+                                    f"{options.banner_timeout_s:g} s: is an SSH server listening on that port?")
+        return ConnectionFailed(f"{where} closed the connection without sending an SSH banner")
+    return ConnectionFailed(f"SSH to {endpoint} failed: {safe_text(text or type(exc).__name__)}")
 
 
 def connect(endpoint: Endpoint, options: SSHOptions) -> SSHChain:
@@ -213,8 +254,9 @@ def connect(endpoint: Endpoint, options: SSHOptions) -> SSHChain:
             if index == 0:
                 try:
                     sock: Any = socket.create_connection((hop.hostname, hop.port), timeout=options.connect_timeout_s)
-                except OSError as exc:
-                    raise ConnectionFailed(f"cannot reach {hop}: {exc.strerror or exc}") from None
+                except (OSError, OverflowError, UnicodeError) as exc:
+                    detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+                    raise ConnectionFailed(f"cannot reach {hop}: {safe_text(detail)}") from None
             else:
                 try:
                     sock = transports[-1].open_channel(
@@ -222,11 +264,12 @@ def connect(endpoint: Endpoint, options: SSHOptions) -> SSHChain:
                         timeout=options.connect_timeout_s,
                     )
                 except (paramiko.SSHException, OSError) as exc:
-                    raise ConnectionFailed(f"jump host {hops[index - 1]} cannot reach {hop}: {exc}") from None
+                    raise ConnectionFailed(
+                        f"jump host {hops[index - 1]} cannot reach {hop}: {safe_text(exc)}") from None
             try:
                 transports.append(_open_transport(hop, sock, options))
             except (paramiko.SSHException, EOFError, OSError) as exc:
-                raise ConnectionFailed(f"SSH to {hop} failed: {exc or type(exc).__name__}") from None
+                raise ConnectionFailed(f"SSH to {hop} failed: {safe_text(exc) or type(exc).__name__}") from None
     except BaseException:
         for transport in reversed(transports):
             transport.close()

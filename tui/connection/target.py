@@ -55,21 +55,43 @@ def _load_config(path: str | None):
     full = os.path.expanduser(path)
     if not os.path.exists(full):
         return paramiko.SSHConfig()
-    return paramiko.SSHConfig.from_path(full)
+    try:
+        return paramiko.SSHConfig.from_path(full)
+    except (OSError, UnicodeDecodeError, paramiko.SSHException) as exc:
+        raise ValueError(f"cannot read the ssh config {full}: {exc}") from None
+
+
+def _port(value: object, where: str) -> int:
+    try:
+        port = int(str(value))
+    except ValueError:
+        raise ValueError(f"{where}: the port {value!r} is not a number") from None
+    if not 1 <= port <= 65535:
+        raise ValueError(f"{where}: the port {port} is not between 1 and 65535")
+    return port
 
 
 def resolve(spec: str, config_path: str | None = DEFAULT_SSH_CONFIG, _depth: int = 0) -> Endpoint:
     """Parse spec and apply the matching ~/.ssh/config entries. Values written in the spec win over the config."""
-    match = _SPEC.match(spec.strip())
+    printable = not any(ord(char) < 32 or 127 <= ord(char) < 160 for char in spec)
+    match = _SPEC.match(spec.strip()) if len(spec) <= 1024 and printable else None
     if not match:
-        raise ValueError(f"{spec!r} is not a host: use an ssh-config alias, user@host[:port], or 'local'")
+        shown = spec if len(spec) <= 80 else spec[:77] + "..."
+        raise ValueError(f"{shown!r} is not a host: use an ssh-config alias, user@host[:port], or 'local'")
     if _depth > 8:
         raise ValueError(f"ProxyJump chain for {spec!r} is too long (a loop in ~/.ssh/config?)")
     alias = match["host"].strip("[]")
-    config = _load_config(config_path).lookup(alias)
+    if not alias or alias.startswith("-"):
+        raise ValueError(f"{spec!r} is not a host: use an ssh-config alias, user@host[:port], or 'local'")
+    ssh_config = _load_config(config_path)
+    try:
+        config = ssh_config.lookup(alias)
+    except Exception as exc:  # paramiko's Match and token expansion fail in many ways on odd configs
+        raise ValueError(f"the ssh config {config_path} cannot be applied to {alias!r}: {exc}") from None
     hostname = config.get("hostname", alias)
     user = match["user"] or config.get("user") or getpass.getuser()
-    port = int(match["port"] or config.get("port") or 22)
+    where = repr(spec) if match["port"] else f"the ssh config for {alias!r}"
+    port = _port(match["port"] or config.get("port") or 22, where)
     identity = tuple(os.path.expanduser(path) for path in config.get("identityfile", []))
     known_hosts = _known_hosts_files(config)
     jumps: tuple[Endpoint, ...] = ()

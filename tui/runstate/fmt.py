@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+import time
 from typing import Optional, Sequence
 
 _SPARKS = " ▁▂▃▄▅▆▇█"
@@ -81,3 +83,19 @@ def sparkline(values: Sequence[float], width: int, top: float = 1.0) -> str:
         level = 0 if top <= 0 else int(round(min(1.0, max(0.0, value / top)) * (len(_SPARKS) - 1)))
         out.append(_SPARKS[level])
     return "".join(out).rjust(width)
+
+
+def fmt_argv(argv: object) -> str:
+    """A run's arguments as one shell-quoted line, whatever the host sent (a list of anything, or one string).
+    The line is not yet safe for a terminal: show it through ``eaglewatch.safetext.safe_text``."""
+    if isinstance(argv, (list, tuple)):
+        return shlex.join(str(word) for word in argv)
+    return "" if argv is None else str(argv)
+
+
+def fmt_started(started_at: object, pattern: str = "%Y-%m-%d %H:%M:%S") -> str:
+    """A run's start (epoch seconds) in local time; "?" for anything that is not a time."""
+    try:
+        return time.strftime(pattern, time.localtime(float(started_at)))  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError, OSError):
+        return "?"

@@ -10,7 +10,6 @@ Reading (another thread, the UI): :meth:`snapshot`, :meth:`log_since`, :meth:`al
 
 from __future__ import annotations
 
-import shlex
 import threading
 import time
 from collections import deque
@@ -33,12 +32,15 @@ from eaglewatch.tui.messages import (
     unexpected_item,
 )
 from eaglewatch.tui.runend import RunEnd, run_end
+from eaglewatch.tui.runstate.fmt import fmt_argv
 from eaglewatch.tui.runstate.view import (
+    ALERT_DIR_GONE,
     ALERT_DISK,
     ALERT_EXIT,
     ALERT_FAILURE,
     ALERT_PROCESSES,
     ALERT_STALL,
+    MARK_DIR_GONE,
     MARK_FAILED,
     MARK_LOW_DISK,
     MARK_STALLED,
@@ -147,6 +149,7 @@ class RunModel:
         self._stalled = False
         self._low_disk = False
         self._exit_alerted = False
+        self._dir_gone_alerted = False
         self._failures_cache: tuple[int, tuple[FailureView, ...]] = (-1, ())
         self._root_key: Optional[tuple[object, ...]] = None
         if summary:
@@ -419,6 +422,12 @@ class RunModel:
         if low != self._low_disk:
             self._low_disk = low
             self._changed()
+        if self._dir_gone() and self._running() and not self._dir_gone_alerted:
+            self._dir_gone_alerted = True
+            pid = self._summary.get("pid")
+            self._alert(ALERT_DIR_GONE, "warning",
+                        f"the run directory of {self._summary.get('run')} was deleted on the host; the job still runs"
+                        + (f" (pid {pid})" if pid else "") + ", but how it ends will not be recorded")
         if self._job_state in (p.JOB_EXITED, p.JOB_LOST) and not self._exit_alerted:
             self._exit_alerted = True
             end = self._end()
@@ -458,8 +467,11 @@ class RunModel:
         self._failures_cache = (state.version, views)
         return views
 
+    def _dir_gone(self) -> bool:
+        return bool(self._summary.get("run_dir_gone"))
+
     def _end(self) -> Optional[RunEnd]:
-        return run_end(self._job_state, self._exit)
+        return run_end(self._job_state, self._exit, self._dir_gone())
 
     def _phase_now(self) -> str:
         phase = self._phase
@@ -551,7 +563,8 @@ class RunModel:
     def snapshot(self) -> RunView:
         with self.lock:
             summary = self._summary
-            argv = tuple(summary.get("argv") or ())
+            words = summary.get("argv")
+            argv = tuple(str(word) for word in words) if isinstance(words, (list, tuple)) else ()
             started = _float(summary.get("started_at"))
             ended = _float((self._exit or {}).get("ended_at"))
             uptime = None
@@ -567,13 +580,15 @@ class RunModel:
                 marks.append(MARK_STALLED)
             if self._low_disk:
                 marks.append(MARK_LOW_DISK)
+            if self._dir_gone() and self._running():
+                marks.append(MARK_DIR_GONE)
             host = self._host
             state = self.decoder.state
             return RunView(
                 host=self.host,
                 run=summary.get("run"),
                 name=summary.get("name"),
-                command=shlex.join(argv) if argv else "",
+                command=fmt_argv(argv),
                 phase=self._phase_now(),
                 phase_detail=self._phase_detail,
                 job_state=self._job_state,

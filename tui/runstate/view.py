@@ -9,6 +9,7 @@ from typing import Literal, Optional
 MARK_FAILED = "failed"
 MARK_STALLED = "stalled"
 MARK_LOW_DISK = "low disk"
+MARK_DIR_GONE = "run directory gone"  # the job runs on, but its run directory was deleted on the host
 
 # Alert kinds.
 ALERT_FAILURE = "failure"
@@ -16,6 +17,7 @@ ALERT_STALL = "stall"
 ALERT_DISK = "disk"
 ALERT_EXIT = "exit"
 ALERT_PROCESSES = "processes"  # the supervisor's word on processes that outlived the job
+ALERT_DIR_GONE = "run directory"  # the run directory was deleted under a live job
 
 
 @dataclass(frozen=True)

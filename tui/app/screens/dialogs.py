@@ -12,7 +12,9 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
+from eaglewatch.safetext import safe_text
 from eaglewatch.tui.app.widgets import render
+from eaglewatch.tui.runstate.fmt import fmt_argv
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -30,7 +32,7 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
-            yield Label(self.question, classes="question")
+            yield Label(safe_text(self.question), classes="question", markup=False)
             with Horizontal(classes="buttons"):
                 yield Button(f"{self.confirm_label} (y)", id="yes", variant="error")
                 yield Button("Cancel (n)", id="no")
@@ -46,7 +48,11 @@ class ConfirmScreen(ModalScreen[bool]):
 
 
 class RestartScreen(ModalScreen[Optional[list[str]]]):
-    """Restart the run: the same arguments, or edited ones. Dismisses with the argv, or None to cancel."""
+    """Restart the run: the same arguments, or edited ones. Dismisses with the argv, or None to cancel.
+
+    The arguments are shown through safe_text (an escape sequence in them reads ``␛[2J``, it does not clear the
+    screen). Submitted unchanged, the run's own arguments are what restarts, byte for byte; edited, the text as
+    typed is the new command line."""
 
     BINDINGS = [Binding("escape", "cancel", "cancel")]
 
@@ -54,14 +60,16 @@ class RestartScreen(ModalScreen[Optional[list[str]]]):
         super().__init__(classes="dialog-screen")
         self.run = run
         self.argv = list(argv)
+        # Line ends and tabs stay (a `python -c` script holds them; the input shows them as spaces), escapes do not.
+        self.shown = safe_text(fmt_argv(self.argv), keep="\n\t")
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog wide"):
-            yield Label(f"Restart {self.run}? The run is stopped, its GPU memory awaited, then launched again.",
-                        classes="question")
+            yield Label(f"Restart {safe_text(self.run)}? The run is stopped, its GPU memory awaited, then launched "
+                        "again.", classes="question", markup=False)
             yield Label("Arguments (edit to relaunch with others):", classes="dim")
-            yield Input(shlex.join(self.argv), id="argv")
-            yield Label("", id="argv-error", classes="error")
+            yield Input(self.shown, id="argv")
+            yield Label("", id="argv-error", classes="error", markup=False)
             with Horizontal(classes="buttons"):
                 yield Button("Restart (Enter)", id="restart", variant="error")
                 yield Button("Cancel (Esc)", id="cancel")
@@ -71,6 +79,9 @@ class RestartScreen(ModalScreen[Optional[list[str]]]):
 
     def _submit(self) -> None:
         text = self.query_one("#argv", Input).value
+        if text == self.shown:
+            self.dismiss(list(self.argv))
+            return
         try:
             argv = shlex.split(text)
         except ValueError as exc:
@@ -104,7 +115,8 @@ class TracebackScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog full"):
-            yield Label(f"failure {self.failure.position}: full traceback (Esc closes)", classes="title")
+            yield Label(f"failure {safe_text(self.failure.position)}: full traceback (Esc closes)", classes="title",
+                        markup=False)
             with VerticalScroll(id="traceback-scroll"):
                 yield Static(render.traceback_text(self.failure), id="traceback")
 
@@ -153,11 +165,11 @@ class HostKeyScreen(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         text = Text()
-        text.append(f"The host key of {self.host_id} is not known.\n\n")
-        text.append(f"{self.key_type}  ", "bold")
-        text.append(self.fingerprint + "\n\n", "bold yellow")
+        text.append(f"The host key of {safe_text(self.host_id)} is not known.\n\n")
+        text.append(f"{safe_text(self.key_type)}  ", "bold")
+        text.append(safe_text(self.fingerprint) + "\n\n", "bold yellow")
         text.append("Check this fingerprint with the host's owner. Accepting records it in "
-                    f"{self.known_hosts_path}.")
+                    f"{safe_text(self.known_hosts_path)}.")
         with Vertical(classes="dialog wide"):
             yield Label("Unknown host key", classes="title")
             yield Static(text, id="hostkey-text")

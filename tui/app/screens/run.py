@@ -13,6 +13,7 @@ from textual.widgets import Footer, Input
 from textual.worker import get_current_worker
 
 from eaglewatch import protocol as p
+from eaglewatch.safetext import safe_text
 from eaglewatch.tui.app.feed import follow_run
 from eaglewatch.tui.app.screens.dialogs import ConfirmScreen, HelpScreen, RestartScreen, TracebackScreen
 from eaglewatch.tui.app.widgets.panels import (
@@ -136,7 +137,7 @@ class RunScreen(Screen):
                           cap=LIVE_LINES_PER_REDRAW)
             if view.run and view.run != self.run_id:
                 self.run_id = view.run
-            self.sub_title = f"{view.host} · {view.run}"
+            self.sub_title = safe_text(f"{view.host} · {view.run}")
         for alert in model.alerts_since(self._alert_seq):
             self._alert_seq = alert.seq
             self.app.notify(alert.message, title=alert.kind, severity=alert.severity, timeout=8)
@@ -178,7 +179,12 @@ class RunScreen(Screen):
 
     def on_input_changed(self, event: Input.Changed) -> None:
         if event.input.id == "search":
-            self.query_one(LogPanel).set_search(event.value)
+            shown = safe_text(event.value)
+            if shown != event.value:
+                # Pasted text can hold escapes: the box shows (and searches for) them visibly, as the log does.
+                event.input.value = shown
+                return
+            self.query_one(LogPanel).set_search(shown)
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         if event.input.id == "search":

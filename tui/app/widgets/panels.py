@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Optional
 
+from rich.text import Text
 from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import OptionList, RichLog, Static
 from textual.widgets.option_list import Option
 
+from eaglewatch.safetext import safe_text
 from eaglewatch.tui.app.widgets import render
 from eaglewatch.tui.runstate import FailureView, LogLine, RunView
 
@@ -134,17 +136,18 @@ class LogPanel(RichLog):
         self._update_title()
 
     def _update_title(self) -> None:
-        parts = [f"log · level {self.level_filter} (v)", f"lane {self.lane_filter or 'all'} (n)"]
+        parts = [f"log · level {self.level_filter} (v)", f"lane {safe_text(self.lane_filter or 'all')} (n)"]
         if self.search:
-            parts.append(f"search “{self.search}”")
-        self.border_title = " · ".join(parts)
+            parts.append(f"search “{safe_text(self.search)}”")
+        # Rich Text, not a markup string: a search for "[/]" or a lane named "[b]" is text, not a markup error.
+        self.border_title = Text(" · ".join(parts))
 
     def accepts(self, line: LogLine) -> bool:
         if self.lane_filter is not None and line.lane != self.lane_filter:
             return False
         if _LEVEL_RANK.get(line.level, 1) < _FILTER_MIN[self.level_filter]:
             return False
-        if self.search and self.search.lower() not in line.text.lower():
+        if self.search and self.search.lower() not in safe_text(line.text, "\t").lower():  # as it is shown
             return False
         return True
 

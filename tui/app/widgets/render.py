@@ -1,4 +1,7 @@
-"""RunView -> Rich Text for each panel. Pure functions of the view and the width: no IO, no state."""
+"""RunView -> Rich Text for each panel. Pure functions of the view and the width: no IO, no state.
+
+Every string of the view that came from the host (names, arguments, log lines, tracebacks, telemetry notes) is
+shown through ``eaglewatch.safetext.safe_text`` (``_s`` here), so that none of it can drive the terminal."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ from typing import Optional
 
 from rich.text import Text
 
+from eaglewatch.safetext import safe_text
 from eaglewatch.tui.runstate import GpuView, LogLine, RunView
 from eaglewatch.tui.runstate.fmt import bar, fmt_bytes, fmt_count, fmt_duration, fmt_gb, fmt_rate, sparkline
 
@@ -22,6 +26,10 @@ PHASE_STYLES = {
 LEVEL_STYLES = {"WARNING": "yellow", "ERROR": "bold red", "CRITICAL": "bold white on red", "DEBUG": "dim"}
 _LANE_COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "bright_cyan", "bright_magenta", "bright_green",
                  "bright_blue", "bright_yellow")
+
+
+def _s(value: object, keep: str = "") -> str:
+    return safe_text(value, keep)
 
 
 def lane_style(lane: str) -> str:
@@ -40,28 +48,28 @@ def _clip(text: str, width: int) -> str:
 
 def header_text(view: RunView, width: int) -> Text:
     first = Text(no_wrap=True, overflow="ellipsis")
-    first.append(f" {view.host} ", "bold reverse")
+    first.append(f" {_s(view.host)} ", "bold reverse")
     first.append(" ")
-    first.append(f" {view.phase.upper()} ", PHASE_STYLES.get(view.phase, "bold"))
+    first.append(f" {_s(view.phase).upper()} ", PHASE_STYLES.get(view.phase, "bold"))
     for mark in view.marks:
         if mark != view.phase:
             first.append(" ")
-            first.append(f"⚑ {mark}", "bold red" if mark == "failed" else "bold yellow")
+            first.append(f"⚑ {_s(mark)}", "bold red" if mark == "failed" else "bold yellow")
     if view.exit_text:
         first.append("  ")
-        first.append(view.exit_text, "bold green" if view.exit_code == 0 else "bold red")
+        first.append(_s(view.exit_text), "bold green" if view.exit_code == 0 else "bold red")
     if view.uptime_s is not None:
         first.append(f"  up {fmt_duration(view.uptime_s)}")
     if view.link and view.link != "connected":
-        first.append(f"  link {view.link}", "bold yellow")
+        first.append(f"  link {_s(view.link)}", "bold yellow")
     first.append("  ")
-    first.append(view.run or "(no run)", "bold")
+    first.append(_s(view.run) or "(no run)", "bold")
     if view.name:
-        first.append(f" ({view.name})", "dim")
+        first.append(f" ({_s(view.name)})", "dim")
     if view.phase_detail and view.phase not in ("failed", "stalled"):
-        first.append(f"  {view.phase_detail}", "dim")
+        first.append(f"  {_s(view.phase_detail)}", "dim")
     first.truncate(width, overflow="ellipsis")
-    second = Text(_clip("$ " + view.command, width) if view.command else "", "dim", no_wrap=True)
+    second = Text(_clip("$ " + _s(view.command), width) if view.command else "", "dim", no_wrap=True)
     return Text("\n", no_wrap=True).join([first, second])
 
 
@@ -72,7 +80,7 @@ def load_text(view: RunView, width: int) -> Text:
         text.append("waiting for the loader…" if waiting else "no loading bars", "dim")
         _append_load_step(text, view, width)
         return text
-    lane_w = min(16, max(len(b.lane) for b in view.load))
+    lane_w = min(16, max(len(_s(b.lane)) for b in view.load))
     for i, item in enumerate(view.load):
         if i:
             text.append("\n")
@@ -83,12 +91,12 @@ def load_text(view: RunView, width: int) -> Text:
             tail = f" {count:>7} {state:>8}"
         bar_w = max(4, min(30, width - lane_w - len(tail) - 2))
         fraction = item.n / item.total if item.total else None
-        text.append(_clip(item.lane, lane_w).ljust(lane_w), lane_style(item.lane))
+        text.append(_clip(_s(item.lane), lane_w).ljust(lane_w), lane_style(item.lane))
         text.append(" ")
         text.append(bar(fraction, bar_w), "green" if item.done else "yellow")
         text.append(tail)
         if width >= lane_w + bar_w + len(tail) + 12:
-            text.append(f"  {item.desc}", "dim")
+            text.append(f"  {_s(item.desc)}", "dim")
     _append_load_step(text, view, width)
     return text
 
@@ -101,7 +109,7 @@ def _append_load_step(text: Text, view: RunView, width: int) -> None:
     age = f"{fmt_duration(view.load_step_age_s)} ago " if view.load_step_age_s is not None else ""
     text.append("\n")
     text.append(age, "yellow" if (view.load_step_age_s or 0) >= 60 else "dim")
-    text.append(_clip(view.load_step, max(1, width - len(age))), "dim italic")
+    text.append(_clip(_s(view.load_step), max(1, width - len(age))), "dim italic")
 
 
 def extraction_text(view: RunView, width: int) -> Text:
@@ -143,7 +151,7 @@ def _gpu_lines(gpu: GpuView, width: int, wide: bool) -> Text:
     text = Text(no_wrap=True, overflow="ellipsis")
     if gpu.error:
         text.append(f"GPU{gpu.index} ", "bold")
-        text.append(gpu.error, "bold red")
+        text.append(_s(gpu.error), "bold red")
         return text
     used, total = gpu.mem_used, gpu.mem_total
     fraction = used / total if used is not None and total else None
@@ -168,9 +176,9 @@ def _gpu_lines(gpu: GpuView, width: int, wide: bool) -> Text:
     if not wide:
         return text
     if gpu.throttle:
-        text.append(f"\n     throttle: {gpu.throttle}", "yellow")
+        text.append(f"\n     throttle: {_s(gpu.throttle)}", "yellow")
     if job or others:
-        parts = [f"{proc.rank or proc.pid} {fmt_gb(proc.used_mem)}" for proc in job]
+        parts = [f"{_s(proc.rank or proc.pid)} {fmt_gb(proc.used_mem)}" for proc in job]
         if others:
             other_mem = sum(proc.used_mem or 0 for proc in others)
             parts.append(f"{len(others)} other {fmt_gb(other_mem)}")
@@ -181,7 +189,7 @@ def _gpu_lines(gpu: GpuView, width: int, wide: bool) -> Text:
 def gpu_text(view: RunView, width: int, wide: bool = False) -> Text:
     if not view.gpus:
         text = Text(no_wrap=True, overflow="ellipsis")
-        text.append("no GPU telemetry" if view.gpu_note is None else _clip(view.gpu_note, width), "dim")
+        text.append("no GPU telemetry" if view.gpu_note is None else _clip(_s(view.gpu_note), width), "dim")
         host = view.host_info
         if host.cpu_percent is not None or host.ram_total:
             text.append("\n")
@@ -213,42 +221,42 @@ def failure_label(failure, width: int) -> Text:
     text.append(f"{failure.position}. ", "bold")
     if tag:
         text.append(tag, "dim")
-    text.append(failure.summary, "bold red" if failure.position == 1 else "red")
-    text.append(f"\n   {failure.lanes}", "cyan")
+    text.append(_s(failure.summary), "bold red" if failure.position == 1 else "red")
+    text.append(f"\n   {_s(failure.lanes)}", "cyan")
     if failure.count > 1:
         text.append(f" · printed {failure.count}×", "dim")
     if failure.hint_title:
         text.append("\n   hint: ", "yellow")
-        text.append(failure.hint_title, "yellow")
+        text.append(_s(failure.hint_title), "yellow")
     return text
 
 
 def traceback_text(failure) -> Text:
     text = Text()
-    text.append(failure.summary + "\n", "bold red")
-    text.append(f"lanes: {failure.lanes}   ({failure.tier})\n", "cyan")
+    text.append(_s(failure.summary) + "\n", "bold red")
+    text.append(f"lanes: {_s(failure.lanes)}   ({_s(failure.tier)})\n", "cyan")
     if failure.context:
-        text.append(f"logged as: {failure.context}\n", "dim")
+        text.append(f"logged as: {_s(failure.context)}\n", "dim")
     if failure.location:
-        text.append(f"at {failure.location}\n")
+        text.append(f"at {_s(failure.location)}\n")
         if failure.source_line:
-            text.append(f"    {failure.source_line}\n", "bold")
+            text.append(f"    {_s(failure.source_line)}\n", "bold")
     if failure.hint_title:
-        text.append(f"\nhint: {failure.hint_title}\n", "bold yellow")
-        text.append((failure.hint_text or "") + "\n", "yellow")
+        text.append(f"\nhint: {_s(failure.hint_title)}\n", "bold yellow")
+        text.append(_s(failure.hint_text, "\n\t") + "\n", "yellow")
     text.append("\n")
-    text.append(failure.traceback)
+    text.append(_s(failure.traceback, "\n\t"))
     return text
 
 
 def log_line_text(line: LogLine, lane_w: int = 12, search: Optional[str] = None) -> Text:
     text = Text(no_wrap=True)
-    text.append(_clip(line.lane, lane_w).ljust(lane_w), lane_style(line.lane))
+    text.append(_clip(_s(line.lane), lane_w).ljust(lane_w), lane_style(line.lane))
     text.append(" ")
     style = LEVEL_STYLES.get(line.level or "", "")
     if line.level and line.level != "INFO":
-        text.append(line.level[0] + " ", style)
-    body = Text(line.text, style=style)
+        text.append(_s(line.level[0]) + " ", style)
+    body = Text(_s(line.text, "\t"), style=style)
     if search:
         body.highlight_words([search], "bold black on yellow", case_sensitive=False)
     text.append_text(body)
