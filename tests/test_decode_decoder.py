@@ -152,10 +152,14 @@ def test_flush_idle_reports_a_crash_dump_that_nothing_follows() -> None:
     decoder = Decoder(clock=lambda: now[0])
     decoder.feed(b"Fatal Python error: Segmentation fault\n\nCurrent thread 0x00007f (most recent call first):\n"
                  b'  File "/srv/x.py", line 9 in crash\n')
-    assert decoder.state.root_cause() is None
+    # Shown at once, marked provisional (the rest of the dump may follow), until the lane has been quiet.
+    shown = decoder.state.root_cause()
+    assert shown is not None and shown.provisional and shown.exc_type == "Fatal Python error"
     now[0] = 5.0
     (dump,) = decoder.flush_idle(idle_s=2.0)
     assert dump.signal == "SIGSEGV" and dump.innermost is not None and dump.innermost.function == "crash"
+    root = decoder.state.root_cause()
+    assert root is not None and not root.provisional and root.first is dump
 
 
 def test_emit_lines_false_still_fills_the_state() -> None:

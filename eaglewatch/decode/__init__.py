@@ -7,8 +7,9 @@ Pure standard library: it imports neither Textual nor paramiko nor torch, so the
 * ``lanes``: process prefixes (``(Worker_TP0 pid=1)``, ``(VllmWorker rank=3 pid=2)``, ``[rank1]:``, ...);
 * ``header``: logger headers -> level, time, source;
 * ``bars``: tqdm bars -> :class:`BarUpdate`;
-* ``traceback``: per-lane traceback assembly (chains, groups, faulthandler, C++ aborts);
-* ``deaths``: "killed by signal", "died unexpectedly";
+* ``traceback``: per-lane traceback assembly (chains, groups, faulthandler, C++ aborts, parts of tracebacks);
+* ``deaths``: "killed by signal", "died unexpectedly", the OOM killer; ``nativelines``: NCCL watchdog timeouts
+  and native CUDA checks;
 * ``rootcause``: grouping across ranks and ranking, root cause first; ``hints``: the hint table;
 * ``decoder``: :class:`Decoder` ties them together; ``state``: :class:`DecodeState`, what a dashboard reads;
 * ``report``: JSON and text output; ``live``/``cli``: ``eaglewatch decode``.
@@ -21,6 +22,7 @@ from eaglewatch.decode.events import (
     Frame,
     LineEvent,
     ProcessDeath,
+    ProvisionalFailure,
     TracebackEvent,
 )
 from eaglewatch.decode.rootcause import FailureGroup
@@ -37,6 +39,7 @@ __all__ = [
     "LaneState",
     "LineEvent",
     "ProcessDeath",
+    "ProvisionalFailure",
     "TracebackEvent",
     "decode_bytes",
 ]

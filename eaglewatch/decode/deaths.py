@@ -36,7 +36,20 @@ _CORE_DUMPED = re.compile(
     r"(?P<word>Segmentation fault|Aborted|Bus error|Illegal instruction|Floating point exception)\s+\(core dumped\)"
 )
 _KILLED = re.compile(r"(?:^|\bline \d+:\s+(?P<pid>\d+)\s+)Killed\b")
+# A shell's report of a crashed child: "Segmentation fault", "./run.sh: line 12: 81234 Bus error  torchrun ...".
+_SIGNAL_WORD = re.compile(
+    r"(?:^|\bline \d+:\s+\d+\s+|^\d+\s+)(?P<word>Segmentation fault|Bus error|Illegal instruction"
+    r"|Floating point exception)(?:\s+\(core dumped\))?(?:\s{2,}\S.*)?\s*$"
+)
 _OOM_KILLER = re.compile(r"Out of memory: Kill(?:ed)? process (?P<pid>\d+)")
+# Killed for memory by something outside the process: the kernel's OOM killer, a cgroup limit, a scheduler,
+# Ray's memory monitor ("1 Workers (tasks / actors) killed due to memory pressure (OOM)").
+_OOM_NOTICE = re.compile(
+    r"Out of memory: Kill|Memory cgroup out of memory|killed due to memory pressure|memory pressure \(OOM\)"
+    r"|Workers \(tasks / actors\) killed|oom[-_]kill(?:er|ed)?\b|\bOOMKilled\b|killed by the OOM killer"
+    r"|killed due to the node running low on memory|Detected \d+ oom[-_]kill event",
+    re.I,
+)
 _DIED = re.compile(r"\bdied\b|\bwas killed\b")
 
 _SKIP_LEVELS = frozenset({"INFO", "DEBUG"})
@@ -53,6 +66,12 @@ def maybe_death(msg: str) -> bool:
         or "xit code" in msg
         or "xitcode" in msg
         or "eturncode" in msg
+        or "fault" in msg
+        or "Bus error" in msg
+        or "Illegal instruction" in msg
+        or "oom" in msg
+        or "OOM" in msg
+        or "out of memory" in msg
     )
 
 
@@ -84,20 +103,25 @@ def parse_death(
         value = found.group("num") or found.group("num2") or found.group("name3") or found.group("name4")
         sig = signal_name(value)
     else:
-        dumped = _CORE_DUMPED.search(text)
+        dumped = _CORE_DUMPED.search(text) or _SIGNAL_WORD.search(text)
         if dumped:
             sig = _SIGNAL_WORDS[dumped.group("word")]
         elif _OOM_KILLER.search(text) or _KILLED.search(text):
             sig = "SIGKILL"
+    oom = _OOM_NOTICE.search(text) is not None
+    if oom and sig is None:
+        sig = "SIGKILL"
     subject_match = _SUBJECT.search(text)
     if sig is None and not subject_match and not _DIED.search(text):
         return None
     if sig is None and not (subject_match or "died unexpectedly" in text or "was killed" in text):
         return None
+    if sig is None and not subject_match and re.match(r"[\w.]*(?:Error|Exception)\b", text):
+        return None  # an exception's message that mentions a death is the exception's
     subject = subject_match.group("subject") if subject_match else None
     if subject is not None and subject.isdigit():
         subject = f"pid={subject}"
     return ProcessDeath(
         lane=lane, subject=subject, signal=sig, text=text, line_no=line_no, level=level, time=time,
-        source=source, pid=pid,
+        source=source, pid=pid, oom=oom,
     )

@@ -13,6 +13,14 @@ look for a death notice. Within one physical line, segments without a prefix of 
 lane of the last prefix seen on that line, so that ``(EngineCore pid=1) \\rLoading ...: 33%`` is the
 EngineCore's bar.
 
+Before a line reaches the assembler, what a paste added around it is set aside (``clean_message``: a literal
+``^M``, Ray's ``[repeated 5x across cluster]``, markdown). A lone ``Traceback (most recent call last):`` in one
+lane and frames without a header in another within a few lines are joined into one traceback. Lines no report
+claims are looked at for NCCL watchdog timeouts, native CUDA checks (``nativelines``) and death notices.
+
+The assembler shows a failure as soon as its exception line arrives: :class:`ProvisionalFailure` events and
+``DecodeState.set_provisional``; the final :class:`TracebackEvent` replaces it.
+
 Events name lanes as printed on the line; the state files them under the process (see state.py).
 """
 
@@ -24,31 +32,49 @@ from typing import Callable, Optional
 
 from eaglewatch.decode.bars import parse_bar
 from eaglewatch.decode.deaths import maybe_death, parse_death
-from eaglewatch.decode.events import Event, LineEvent
+from eaglewatch.decode.events import Event, LineEvent, ProvisionalFailure
 from eaglewatch.decode.header import LEVELS, VLLM_HEADER, parse_header
 from eaglewatch.decode.lanes import MAIN, LaneId, PrefixParser, lane_from_prefix, split_prefix
 from eaglewatch.decode.lines import LineSplitter
+from eaglewatch.decode.nativelines import maybe_native, native_failure, watchdog_failures
 from eaglewatch.decode.state import DecodeState, LaneState, lane_key
-from eaglewatch.decode.traceback import TracebackAssembler, starts_block
+from eaglewatch.decode.traceback import BASIS_JOINED, TracebackAssembler, may_start, starts_block
 
 # Something a collector wrote in front of each line. Unambiguous forms are always removed: an RFC 3339
 # timestamp with its zone (kubectl --timestamps, the CRI "stdout F" form) and a docker compose column with a
 # replica number ("vllm-1  | "). Looser forms (a timestamp without zone, "name | ") only when a lane prefix or
 # a logger level follows.
+_RFC3339 = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)"
 _OUTER = re.compile(
-    r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d) +(?:(?:stdout|stderr) [FP] )?(?:>> ?)?"
+    _RFC3339 + r" +(?:(?:stdout|stderr) [FP] )?(?:>> ?)?"
+    r"|\[" + _RFC3339 + r"\] +"  # a CI's "[2026-02-24T20:21:58Z] "
+    # Cloud Logging: "INFO 2025-11-19T20:16:36.096625454Z [resource.labels.containerName: vllm] " (the severity
+    # is the collector's, not the log level)
+    r"|(?:DEFAULT|DEBUG|INFO|NOTICE|WARNING|ERROR|CRITICAL|ALERT|EMERGENCY) " + _RFC3339 + r" +(?:\[[^\]]{0,200}\] +)?"
+    # syslog: "Mar 12 10:00:00 host python3[1234]: "
+    r"|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d [\w.\-]+ [\w.\-/]+(?:\[\d+\])?: +"
     r"|[A-Za-z][\w.\-]*[-_]\d+ +\| "
-    r"|(?:\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?\s+(?:>>\s*)?|[A-Za-z][\w.\-]*\s+\|\s)"
+    # a viewer's line numbers ("[80746] "), a timestamp without zone, a compose column: only before a lane
+    # prefix or a level
+    r"|(?:\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?\s+(?:>>\s*)?|[A-Za-z][\w.\-]*\s+\|\s|\[\d{1,9}\] +)"
     r"(?=\((?:[A-Za-z_][\w.\- =]*)?pid=\d+|\[rank\d+\]:|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) )"
 )
+# Escape sequences written out as text: syslog's "#033[0;36m", a pager's "^[[0;36m".
+_TEXT_ESCAPES = re.compile(r"(?:#033|\^\[)\[[0-9;]*[A-Za-z]")
+_REPEATED_SUFFIX = re.compile(r" ?\[repeated \d+x across cluster\]$")
+_CLEAN_FIRST = frozenset("`*")
+_CLEAN_LAST = frozenset("`*M]")
 _ENGINE_VERSION = re.compile(r"LLM engine \(v(?P<version>[\w.+\-]+)\)")
 _TP_SIZE = re.compile(r"\btensor_parallel_size=(?P<tp>\d+)")
 _EXIT_STATUS = re.compile(r"(?:Command exited with non-zero status|Exit status:) (?P<code>\d+)")
 
 _QUIET_LEVELS = frozenset({"INFO", "DEBUG"})
 _HEADER_FIRST = frozenset("DIWECF")
+_MONTHS = frozenset({"Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"})
+_SEVERITIES = ("DEFAULT ", "DEBUG ", "INFO ", "NOTICE ", "WARNING ", "ERROR ", "CRITICAL ", "ALERT ", "EMERGENCY ")
 _BLOCK_FIRST = frozenset("TFtCE +")  # first characters of the lines that can start a traceback-like block
 _PREFIX_CACHE_LIMIT = 4096
+_JOIN_LINES = 3  # a Traceback header and frames in another lane join when this close
 
 
 def _column_ahead(text: str) -> bool:
@@ -58,6 +84,39 @@ def _column_ahead(text: str) -> bool:
         return False
     space = text.find(" ", 0, bar + 1)
     return not text[space:bar].strip()
+
+
+def _outer_ahead(text: str, first: str) -> bool:
+    """Cheap test: could a collector's prefix (see _OUTER) start this segment?"""
+    if "0" <= first <= "9":
+        return True
+    if first == "[":
+        return "0" <= text[1:2] <= "9"
+    if "A" <= first <= "Z":
+        if text[3:4] == " " and text[:3] in _MONTHS:
+            return True
+        if text.startswith(_SEVERITIES) and "T" in text[9:24]:
+            return True
+    return _column_ahead(text)
+
+
+def clean_message(msg: str) -> str:
+    """What a paste or a collector added around a line: a literal ``^M`` from a CRLF capture, Ray's
+    ``[repeated 5x across cluster]``, markdown (``**...**``, backticks, a code fence)."""
+    if msg.endswith("^M"):
+        msg = msg[:-2]
+    if msg.endswith("across cluster]"):
+        msg = _REPEATED_SUFFIX.sub("", msg)
+    if (msg[:1] in _CLEAN_FIRST or msg[-1:] in _CLEAN_FIRST) and not msg.startswith("***"):
+        if msg.lstrip().startswith("```"):
+            return ""
+        if msg[:1] in _CLEAN_FIRST:
+            msg = msg.lstrip("`*")
+        if msg[-1:] in _CLEAN_FIRST:
+            msg = msg.rstrip("`*")
+        if not msg.strip():
+            return ""
+    return msg
 
 
 class _Proc:
@@ -70,6 +129,11 @@ class _Proc:
         self.asm: Optional[TracebackAssembler] = None
         self.prev_msg: Optional[str] = None
         self.prev_record: Optional[tuple[Optional[str], Optional[str], Optional[str]]] = None
+
+    @property
+    def rank(self) -> Optional[int]:
+        """The rank the lane's name carries (``rank3``, ``Worker_TP3``), if any."""
+        return next((num for _, num in self.lane.ranks), None)
 
 
 class Decoder:
@@ -98,6 +162,11 @@ class Decoder:
         self._line_ctx: Optional[tuple[_Proc, str]] = None  # lane of the last prefix on this physical line
         self._line_no = 0
         self._recent_time: Optional[str] = None  # the last logger timestamp seen, any lane
+        # A "Traceback (most recent call last):" with nothing after it yet, and its line: its frames may come
+        # in another lane.
+        self._orphan: Optional[tuple[_Proc, int]] = None
+        # (lane, other): the lane's lines continue a traceback whose header the other lane printed.
+        self._redirect: Optional[tuple[_Proc, _Proc]] = None
 
     # ------------------------------------------------------------------ public
 
@@ -120,7 +189,7 @@ class Decoder:
             self._run(self._splitter.finish(), out, now)
             for proc in self._procs.values():
                 if proc.asm is not None and proc.asm.active:
-                    self._add_failures(proc.asm.flush(), proc, out)
+                    self._add_failures(proc.asm.flush(), proc, out, resolves=True)
         if not self.emit_lines:
             out = [event for event in out if type(event) is not LineEvent]
         return out
@@ -140,7 +209,7 @@ class Decoder:
                     continue
                 last = proc.lane.last_output_at
                 if last is None or now - last >= idle_s:
-                    self._add_failures(asm.flush(), proc, out)
+                    self._add_failures(asm.flush(), proc, out, resolves=True)
         return out
 
     @property
@@ -184,6 +253,8 @@ class Decoder:
 
     def _segment(self, text: str, out: list[Event], now: float) -> None:
         cache = self._prefix_cache
+        if "#033[" in text or "^[[" in text:
+            text = _TEXT_ESCAPES.sub("", text)
         while text:
             first = text[0]
             hit = None
@@ -203,6 +274,11 @@ class Decoder:
                 msg = text[end:]
                 if not msg:
                     return
+                if msg[0] == "(" and "pid=" in msg[:130]:
+                    inner, _ = split_prefix(msg)
+                    if inner is not None and (cache[inner] if inner in cache else self._learn(inner)) is not None:
+                        text = msg  # a launcher's prefix in front of vLLM's: the inner one names the process
+                        continue
                 header = None
                 if msg[0] in _HEADER_FIRST:
                     found = VLLM_HEADER.match(msg)
@@ -216,8 +292,10 @@ class Decoder:
             else:
                 msg = text
                 header = parse_header(msg)
-                hit = self._line_ctx or self._main_lane()
-                if header is None and ("0" <= first <= "9" or _column_ahead(text)):
+                ctx = self._line_ctx
+                hit = ctx or self._main_lane()
+                # A collector writes its prefix where a physical line begins, never after a \r or a lane prefix.
+                if header is None and ctx is None and _outer_ahead(text, first):
                     outer = _OUTER.match(text)
                     if outer is not None:
                         text = text[outer.end():]
@@ -269,23 +347,46 @@ class Decoder:
         if time is not None:
             self._recent_time = time
         asm = proc.asm
+        if (level in _QUIET_LEVELS and msg and (asm is None or not asm.state) and self._redirect is None
+                and not (msg[0] in _BLOCK_FIRST and starts_block(msg))):
+            # The common case, an INFO line outside any report: only a native line may hide in it (a
+            # collector's INFO in front of a C++ CUDA check), and the engine's facts.
+            if "rror" in msg or "atchdog" in msg:
+                self._native_lines(proc, name, msg, level, time, source, out)
+            elif "LLM engine (v" in msg:
+                self._engine_facts(msg)
+            proc.prev_msg = msg
+            proc.prev_record = (level, time, source)
+            return
+        if msg and (msg[0] in _CLEAN_FIRST or msg[-1] in _CLEAN_LAST):
+            msg = clean_message(msg)
         consumed = False
-        if asm is not None and asm.state:
-            done = asm.feed(msg, level, time, source, self._line_no, proc.prev_msg, proc.prev_record,
-                            self._recent_time)
-            consumed = asm.last_consumed
-            if done:
-                self._add_failures(done, proc, out)
-        elif msg[:1] in _BLOCK_FIRST and starts_block(msg):
-            if asm is None:
-                asm = proc.asm = TracebackAssembler(name, proc.lane.pid)
-            asm.lane = name
-            done = asm.feed(msg, level, time, source, self._line_no, proc.prev_msg, proc.prev_record,
-                            self._recent_time)
-            consumed = asm.last_consumed
-            if done:
-                self._add_failures(done, proc, out)
+        redirect = self._redirect
+        if redirect is not None and redirect[0] is proc:
+            consumed = self._redirected(redirect[1], msg, level, time, source, out)
+        if consumed:
+            pass
+        elif asm is not None and asm.state:
+            consumed = self._feed(proc, asm, msg, level, time, source, out)
+            if "Traceback" in msg and asm.header_only:
+                self._orphan = (proc, self._line_no)
+        elif msg and ((msg[0] in _BLOCK_FIRST and starts_block(msg)) if level in _QUIET_LEVELS
+                      else may_start(msg, level)):
+            if self._orphan is not None and self._join_into_orphan(proc, msg, level, time, source, out):
+                consumed = True
+            else:
+                if asm is None:
+                    asm = proc.asm = TracebackAssembler(name, proc.lane.pid)
+                asm.lane = name
+                consumed = self._feed(proc, asm, msg, level, time, source, out)
+                if asm.state:
+                    if asm.header_only:
+                        self._orphan = (proc, self._line_no)
+                    elif asm.started_by == "frame" and self._orphan is not None:
+                        self._join_orphan_header(proc, asm)
 
+        if not consumed and msg and ("rror" in msg or "atchdog" in msg):
+            self._native_lines(proc, name, msg, level, time, source, out)
         if level not in _QUIET_LEVELS:
             if not consumed and maybe_death(msg):
                 death = parse_death(msg, name, self._line_no, level, time, source, proc.lane.pid)
@@ -301,6 +402,84 @@ class Decoder:
         proc.prev_msg = msg
         proc.prev_record = (level, time, source) if level is not None else None
 
+    def _native_lines(self, proc: _Proc, name: str, msg: str, level: Optional[str], time: Optional[str],
+                      source: Optional[str], out: list[Event]) -> None:
+        """NCCL watchdog timeouts and native CUDA checks: failures whatever level a collector printed."""
+        if "atchdog caught" in msg:
+            self._add_failures(watchdog_failures(msg, name, self._line_no, level, time, source, proc.lane.pid,
+                                                 proc.rank), proc, out)
+        elif maybe_native(msg):
+            native = native_failure(msg, name, self._line_no, level, time, source, proc.lane.pid)
+            if native is not None:
+                self._add_failures([native], proc, out)
+
+    def _feed(self, proc: _Proc, asm: TracebackAssembler, msg: str, level: Optional[str], time: Optional[str],
+              source: Optional[str], out: list[Event]) -> bool:
+        """One line to ``proc``'s assembler; what it completes goes to the state, and so does what it shows
+        at once (the exception line has arrived). Returns whether the line belonged to a report."""
+        done = asm.feed(msg, level, time, source, self._line_no, proc.prev_msg, proc.prev_record,
+                        self._recent_time)
+        consumed = asm.last_consumed
+        if done:
+            self._add_failures(done, proc, out, resolves=True)
+        if asm.provisional_due:
+            shown = asm.snapshot()
+            if shown is not None:
+                out.append(ProvisionalFailure(shown.lane, shown))
+                self.state.set_provisional(shown, proc.lane)
+        return consumed
+
+    def _fresh_orphan(self, proc: _Proc) -> Optional[_Proc]:
+        """The lane holding a bare "Traceback (most recent call last):" printed just now, if not ``proc``."""
+        orphan = self._orphan
+        if orphan is None:
+            return None
+        other, line_no = orphan
+        if self._line_no - line_no > _JOIN_LINES or other.asm is None or not other.asm.header_only:
+            self._orphan = None
+            return None
+        return other if other is not proc else None
+
+    def _join_orphan_header(self, proc: _Proc, asm: TracebackAssembler) -> None:
+        """Frames began in ``proc`` with no header just after a lone header in another lane: one traceback,
+        in the lane of the frames (which carries the process's prefix)."""
+        other = self._fresh_orphan(proc)
+        if other is None or other.asm is None:
+            return
+        header = other.asm
+        asm.fragment = False
+        asm.basis = BASIS_JOINED
+        asm.origin = asm.origin or header.origin
+        asm.context = asm.context or header.context
+        asm.text.insert(0, header.text[0])
+        header.discard()
+        self._orphan = None
+
+    def _join_into_orphan(self, proc: _Proc, msg: str, level: Optional[str], time: Optional[str],
+                          source: Optional[str], out: list[Event]) -> bool:
+        """The reverse: a lone header in another lane, then frames here without a prefix (lane ``main``)."""
+        if proc.lane.kind != "main" or not msg.lstrip().startswith('File "'):
+            return False
+        other = self._fresh_orphan(proc)
+        if other is None or other.asm is None:
+            return False
+        other.asm.unhead()
+        other.asm.basis = BASIS_JOINED
+        self._redirect = (proc, other)
+        self._orphan = None
+        return self._feed(other, other.asm, msg, None, None, None, out)
+
+    def _redirected(self, other: _Proc, msg: str, level: Optional[str], time: Optional[str],
+                    source: Optional[str], out: list[Event]) -> bool:
+        asm = other.asm
+        if asm is None or not asm.state:
+            self._redirect = None
+            return False
+        consumed = self._feed(other, asm, msg, level, time, source, out)
+        if not asm.state:
+            self._redirect = None
+        return consumed
+
     def _engine_facts(self, msg: str) -> None:
         found = _ENGINE_VERSION.search(msg)
         if found:
@@ -309,7 +488,9 @@ class Decoder:
         if tp:
             self.state.facts["tensor_parallel_size"] = int(tp.group("tp"))
 
-    def _add_failures(self, failures: list, proc: _Proc, out: list[Event]) -> None:
+    def _add_failures(self, failures: list, proc: _Proc, out: list[Event], resolves: bool = False) -> None:
+        if resolves:
+            self.state.clear_provisional(proc.lane)
         for failure in failures:
             out.append(failure)
             self.state.add_failure(failure, proc.lane)

@@ -117,6 +117,14 @@ KIND_TRACEBACK = "traceback"  # a Python traceback
 KIND_FATAL = "fatal"  # a faulthandler dump ("Fatal Python error: Segmentation fault")
 KIND_ABORT = "abort"  # a C++ exception that ended in std::terminate
 KIND_DEATH = "death"  # a line saying a process died or was killed, with no traceback of its own
+KIND_WATCHDOG = "watchdog"  # an NCCL watchdog's collective timeout (a log line, or the C++ abort that carries it)
+KIND_NATIVE = "native"  # a fatal line from native code with no Python exception ("CUDA Error: ... at x.cpp:56")
+KIND_CHECK = "check"  # eaglewatch's own preflight reporting a failed check
+
+# How sure the decoder is of a failure it reports (see docs/decode.md, "Confidence").
+CERTAIN = "certain"  # a whole report: a complete traceback, a faulthandler dump, a C++ abort, a death notice
+LIKELY = "likely"  # read from part of a report: a fragment, a lone exception line, a quote inside a wrapper
+GUESS = "guess"  # what is left when the report itself is missing: a cut-off traceback, a bare re-raise
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +147,13 @@ class TracebackEvent:
     complete: bool = True  # False when the lane moved on before the exception line
     signal: Optional[str] = None
     pid: Optional[int] = None
+    # How it was read: ``confidence`` is CERTAIN, LIKELY or GUESS, ``basis`` says why in a few words
+    # ("complete traceback", "from a fragment (no Traceback header)", "exception line without traceback header").
+    confidence: str = CERTAIN
+    basis: str = "complete traceback"
+    # True while the report may still grow: the exception line is in, but a chained part, more message lines
+    # or the rest of a dump may follow. The final event (provisional False) replaces it.
+    provisional: bool = False
 
     @property
     def final(self) -> ExceptionRecord:
@@ -187,6 +202,10 @@ class ProcessDeath:
     complete: bool = field(default=True, init=False)
     origin: Optional[str] = field(default=None, init=False)
     context: Optional[str] = field(default=None, init=False)
+    oom: bool = False  # killed for memory: the OOM killer, a cgroup limit, Ray's memory monitor
+    confidence: str = field(default=CERTAIN, init=False)
+    basis: str = field(default="death notice", init=False)
+    provisional: bool = field(default=False, init=False)
 
     @property
     def exc_type(self) -> str:
@@ -213,5 +232,23 @@ class ProcessDeath:
         return self.subject or self.lane
 
 
+@dataclass(frozen=True, slots=True)
+class ProvisionalFailure:
+    """A failure shown at once: the exception line of ``failure`` has arrived, the rest may follow.
+
+    ``failure`` is a :class:`TracebackEvent` with ``provisional=True``. The decoder emits one when the exception
+    line arrives and another each time the report grows into a new part (a chained exception); the final
+    :class:`TracebackEvent` of the same lane and ``line_no`` replaces it. The state shows the latest in
+    ``failures_ranked()`` (``FailureGroup.provisional``) until then.
+    """
+
+    lane: str
+    failure: TracebackEvent
+
+    @property
+    def line_no(self) -> int:
+        return self.failure.line_no
+
+
 Failure = Union[TracebackEvent, ProcessDeath]
-Event = Union[LineEvent, BarUpdate, TracebackEvent, ProcessDeath]
+Event = Union[LineEvent, BarUpdate, TracebackEvent, ProcessDeath, ProvisionalFailure]

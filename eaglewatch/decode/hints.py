@@ -130,7 +130,7 @@ RULES: tuple[HintRule, ...] = (
         "GPU out of memory",
         "The GPU ran out of memory. Lower --gpu-memory-utilization, --max-num-seqs or --max-model-len, or "
         "spread the model over more GPUs; check with nvidia-smi that no other process holds GPU memory.",
-        match=r"CUDA out of memory|CUDA error: out of memory|cudaErrorMemoryAllocation|HIP out of memory"
+        match=r"CUDA out of memory|CUDA [Ee]rror: out of memory|cudaErrorMemoryAllocation|HIP out of memory"
         r"|OutOfMemoryError",
         figures=(
             r"Tried to allocate (?P<requested>" + _SIZE + ")",
@@ -151,9 +151,13 @@ RULES: tuple[HintRule, ...] = (
         "with CUDA_LAUNCH_BLOCKING=1 to see the kernel. A device-side assert usually means an index out of "
         "range, such as a token id at or above the vocabulary size; an illegal memory access can also come from "
         "a driver, CUDA and torch that do not match.",
-        match=r"CUDA error: (?!out of memory)|device-side assert(?:ion)? triggered|cudaError(?!MemoryAllocation)\w+"
-        r"|CUBLAS_STATUS_\w+|CUDNN_STATUS_\w+",
-        figures=(r"CUDA error: (?P<cuda_error>[^\n.]+)", r"(?P<status>CUBLAS_STATUS_\w+|CUDNN_STATUS_\w+)"),
+        match=r"CUDA [Ee]rror: (?!out of memory)|device-side assert(?:ion)? triggered|cudaError(?!MemoryAllocation)\w+"
+        r"|CUBLAS_STATUS_\w+|CUDNN_STATUS_\w+|Failed: Cuda error ",
+        figures=(
+            r"Cuda error \S+ '(?P<cuda_error>[^']+)'",
+            r"CUDA [Ee]rror: (?P<cuda_error>[^\n.]+?)(?= at \S+:\d|\.|\n|$)",
+            r"(?P<status>CUBLAS_STATUS_\w+|CUDNN_STATUS_\w+)",
+        ),
     ),
     HintRule(
         "cuda_unavailable",

@@ -6,14 +6,18 @@ import sys
 import time
 from typing import IO, Callable, Iterable, Optional
 
-from eaglewatch.decode.events import BarUpdate, LineEvent, ProcessDeath, TracebackEvent
+from eaglewatch.decode.events import BarUpdate, LineEvent, ProcessDeath, ProvisionalFailure, TracebackEvent
 from eaglewatch.decode.report import fmt_seconds
 from eaglewatch.decode.rootcause import summary
 from eaglewatch.decode.state import DecodeState
 
 
 class LiveNotes:
-    """New lanes, failures, warnings, and bars (when they finish, and at most every ``bar_every_s``)."""
+    """New lanes, failures, warnings, and bars (when they finish, and at most every ``bar_every_s``).
+
+    A failure is printed as soon as its exception line arrives (a :class:`ProvisionalFailure`); when its report
+    is complete it is printed again only if that changed it (a chained exception), marked "refined".
+    """
 
     def __init__(
         self,
@@ -30,6 +34,7 @@ class LiveNotes:
         self.bar_every_s = bar_every_s
         self._lanes: set[str] = set()
         self._bars: dict[tuple[str, str], tuple[float, bool]] = {}
+        self._shown: dict[tuple[str, int], str] = {}  # (lane, line) of a provisional failure -> what was printed
 
     def say(self, text: str) -> None:
         if self.quiet:
@@ -48,9 +53,23 @@ class LiveNotes:
                     self.say(f"+ lane {event.lane}")  # type: ignore[attr-defined]
             elif kind is BarUpdate:
                 self._bar(event)  # type: ignore[arg-type]
+            elif kind is ProvisionalFailure:
+                failure = event.failure  # type: ignore[attr-defined]
+                key = (failure.lane, failure.line_no)
+                text = summary(failure)
+                if self._shown.get(key) != text:
+                    refined = " (refined)" if key in self._shown else ""
+                    self._shown[key] = text
+                    mark = "~ warning" if failure.survived else "! failure"
+                    self.say(f"{mark} [{self._who(failure)}] {text}{refined}")
             elif kind is TracebackEvent or kind is ProcessDeath:
+                text = summary(event)  # type: ignore[arg-type]
+                before = self._shown.pop((event.lane, event.line_no), None)  # type: ignore[attr-defined]
+                if before == text:
+                    continue
+                refined = " (refined)" if before is not None else ""
                 mark = "~ warning" if event.survived else "! failure"  # type: ignore[attr-defined]
-                self.say(f"{mark} [{self._who(event)}] {summary(event)}")  # type: ignore[arg-type]
+                self.say(f"{mark} [{self._who(event)}] {text}{refined}")
 
     def _who(self, event: object) -> str:
         """The name the process's lane shows (it may have printed the failure under a less telling one)."""

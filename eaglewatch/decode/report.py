@@ -50,6 +50,10 @@ def group_dict(group: FailureGroup, position: int) -> dict[str, Any]:
         "processes": group.spread,
         "tier": TIER_NAMES[group.tier],
         "kind": first.kind,
+        "confidence": group.confidence,
+        "basis": group.basis,
+        "provisional": group.provisional,
+        "quoted_in": group.quoted_in,
         "frame": frame_dict(group.innermost),
         "user_frame": frame_dict(_user_frame(group)),
         "hint": group.hint.as_dict() if group.hint else None,
@@ -162,8 +166,8 @@ def bar_line(bar: BarState) -> str:
 
 
 def _frame_lines(frame: Frame, indent: str) -> list[str]:
-    lines = [f"{indent}at {frame.file}:{frame.line} in {frame.function}" if frame.line is not None
-             else f"{indent}at {frame.file} in {frame.function}"]
+    where = f"{frame.file}:{frame.line}" if frame.line is not None else frame.file
+    lines = [f"{indent}at {where} in {frame.function}" if frame.function else f"{indent}at {where}"]
     if frame.source:
         lines.append(f"{indent}    {frame.source}")
     return lines
@@ -174,10 +178,14 @@ def group_lines(
 ) -> list[str]:
     first = group.first
     tag = "" if group.tier == TIER_ORIGINAL else f"[{TIER_NAMES[group.tier]}] "
+    if group.provisional:
+        tag = "[provisional] " + tag
     lines = [f"{position:>2}. {tag}{group.summary}"]
     pad = "    "
     times = f", printed {group.count} times" if group.count > group.spread else ""
     lines.append(f"{pad}lanes: {group.lanes_label()}{times}")
+    basis = f" ({group.basis})" if group.basis else ""
+    lines.append(f"{pad}confidence: {group.confidence}{basis}")
     if first.context:
         lines.append(f"{pad}logged as: {first.context}")
     inner = group.innermost
@@ -225,7 +233,11 @@ def render_text(state: DecodeState, source: Optional[str] = None, all_tracebacks
     out.append(f"{source or 'log'}: " + ", ".join(head))
     if failures:
         root = failures[0]
-        out.append(f"Root cause: {root.summary}  [{compress_names(root.lanes)}]")
+        notes = [] if root.confidence == "certain" else [f"{root.confidence}: {root.basis}"]
+        if root.provisional:
+            notes.append("provisional")
+        note = f"  ({'; '.join(notes)})" if notes else ""
+        out.append(f"Root cause: {root.summary}  [{compress_names(root.lanes)}]{note}")
     else:
         out.append("No failures.")
     out.append("")

@@ -3,32 +3,52 @@
 Identical failures (same type, same innermost frame) printed by several ranks, or printed twice by one, become
 one :class:`FailureGroup`. Groups are ordered by *tier*, then by where they first appeared:
 
-0. an original exception (nothing says it is a copy of another);
-1. a secondary one: a process death notice, teardown noise (KeyboardInterrupt, BrokenPipeError, ...), a
-   traceback cut short, an abort that follows a C++ exception;
+0. an original exception (nothing says it is a copy of another); a native failure (a fatal signal, a C++ abort,
+   a CUDA check, a kill for memory) that no Python exception came before; an NCCL watchdog timeout, after every
+   other original (a collective times out because some rank stopped taking part);
+1. a secondary one: a process death notice, teardown noise (KeyboardInterrupt, BrokenPipeError, ...), "the actor
+   died unexpectedly", a traceback cut short, an abort that follows a C++ exception, a native failure printed
+   after a Python exception (``Fatal Python error`` at shutdown);
 2. a re-raise of another process's failure ("WorkerProc initialization failed ... See stack trace for root
-   cause", "Worker failed with error '...'"), or a message that quotes an earlier failure of another lane;
+   cause", "Worker failed with error '...'"), a message that quotes an earlier failure of another lane, a C++
+   abort or watchdog that reports a Python exception's error again;
 3. the main process's last word ("Engine core initialization failed. See root cause above", EngineDeadError).
 
 So a worker's own exception comes before the EngineCore's re-raise, which comes before the main process's.
+A wrapper that quotes its cause (``Worker failed with error 'AssertionError: ...'``, torchrun's "Root Cause" block)
+brings the quoted failure in as a group of its own when the log does not hold it. Each group says how sure the
+decoder is (``confidence``, ``basis``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional
 
+from eaglewatch.decode.deaths import signal_name
 from eaglewatch.decode.events import (
+    CERTAIN,
+    GUESS,
     KIND_ABORT,
+    KIND_CHECK,
     KIND_DEATH,
     KIND_FATAL,
+    KIND_NATIVE,
+    KIND_TRACEBACK,
+    KIND_WATCHDOG,
+    LIKELY,
     ExceptionRecord,
     Failure,
     Frame,
+    ProcessDeath,
+    TracebackEvent,
 )
 from eaglewatch.decode.hints import Hint, classify
 from eaglewatch.decode.lanes import KIND_WORKER, MAIN_LANE, compress_names
+from eaglewatch.decode.nativelines import watchdog_key
+from eaglewatch.decode.traceback import WATCHDOG_TIMEOUT, is_watchdog_message
 
 TIER_ORIGINAL = 0
 TIER_SECONDARY = 1
@@ -43,7 +63,8 @@ _TOPLEVEL = re.compile(
     r"|engine core (?:client )?(?:has )?(?:died|is dead)|EngineCore(?:_DP\d+)? (?:failed|died)",
     re.I,
 )
-_TOPLEVEL_TYPES = frozenset({"EngineDeadError", "EngineGenerateError"})
+_TOPLEVEL_TYPES = frozenset({"EngineDeadError", "EngineGenerateError", "AsyncEngineDeadError", "MQEngineDeadError",
+                             "PreflightFailed"})
 _PROPAGATED = re.compile(
     r"root cause|see (?:the )?(?:stack ?trace|traceback|logs? )?above|check the (?:stack ?trace|logs?)"
     r"|in a background process|Worker failed with error|WorkerProc (?:initialization|startup) failed"
@@ -54,10 +75,30 @@ _PROPAGATED = re.compile(
 _PROPAGATED_TYPES = frozenset({"ChildFailedError", "RayTaskError", "RayActorError"})
 _SECONDARY_TYPES = frozenset(
     {"KeyboardInterrupt", "SystemExit", "BrokenPipeError", "ConnectionResetError", "ConnectionAbortedError",
-     "EOFError", "CancelledError", "ContextTerminated", "GeneratorExit", "ThreadDump"}
+     "EOFError", "CancelledError", "ContextTerminated", "GeneratorExit", "ThreadDump", "ActorDiedError",
+     "ActorUnavailableError", "PreflightWarning"}
 )
+# An exception that only says another process died: a consequence whenever the log holds the cause.
+_DEATH_REPORT = re.compile(
+    r"died unexpectedly|(?:process|actor|worker) (?:is dead|has died)"
+    # a collective that another rank's failure tore down
+    r"|communicator was aborted|ProcessGroup\w* (?:is|was|has been) aborted|Connection (?:closed|reset) by peer"
+    r"|^cancelled$",
+    re.I,
+)
+_NATIVE_KINDS = frozenset({KIND_FATAL, KIND_ABORT, KIND_NATIVE, KIND_WATCHDOG})
 _DIGITS = re.compile(r"\d+")
 _MIN_QUOTE = 16
+
+# "Worker failed with error 'AssertionError: auto_functionalized was not removed', please check ..."
+_QUOTED = re.compile(
+    r"(?P<q>['\"])(?P<type>(?:[A-Za-z_]\w*\.)*_?[A-Z]\w*(?:Error|Exception|Interrupt|Exit)(?:\([\w.]+\))?): "
+    r"(?P<msg>.+?)(?P=q)(?=\s*(?:[,.;)]|$|please|see))",
+    re.S,
+)
+_TORCHRUN_ROOT = re.compile(r"Root Cause \(first observed failure\):(?P<block>.*)", re.S)
+_TORCHRUN_FIELD = re.compile(r"^\s*(?P<key>rank|exitcode|traceback|host|time)\s*:\s*(?P<value>.*?)\s*$", re.M)
+_SIGNAL_IN_TEXT = re.compile(r"Signal (?P<num>\d+) \((?P<name>SIG[A-Z]+)\)")
 
 
 def exception_tier(exc: ExceptionRecord) -> int:
@@ -66,13 +107,26 @@ def exception_tier(exc: ExceptionRecord) -> int:
         return TIER_TOPLEVEL
     if _PROPAGATED.search(text) or exc.short_type.split("(")[0] in _PROPAGATED_TYPES:
         return TIER_PROPAGATED
-    if exc.short_type in _SECONDARY_TYPES:
+    if exc.short_type in _SECONDARY_TYPES or _DEATH_REPORT.search(exc.message[:300]):
         return TIER_SECONDARY
     return TIER_ORIGINAL
 
 
+_CRASH_SIGNALS = frozenset({"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE"})
+
+
+def _native(failure: Failure) -> bool:
+    """A failure of native code: a dump, an abort, a CUDA check, a watchdog, a death by a crash signal."""
+    return failure.kind in _NATIVE_KINDS or (failure.kind == KIND_DEATH and failure.signal in _CRASH_SIGNALS)
+
+
 def failure_tier(failure: Failure) -> int:
-    if failure.kind == KIND_DEATH or not failure.complete:
+    if failure.kind == KIND_DEATH:
+        # Killed for memory from outside, or crashed in native code: a cause, unless an exception came first.
+        if getattr(failure, "oom", False) or failure.signal in _CRASH_SIGNALS:
+            return TIER_ORIGINAL
+        return TIER_SECONDARY
+    if not failure.complete:
         return TIER_SECONDARY
     if failure.kind == KIND_FATAL and failure.signal == "SIGABRT":
         return TIER_SECONDARY
@@ -80,30 +134,58 @@ def failure_tier(failure: Failure) -> int:
     return min(exception_tier(exc) for exc in failure.exceptions)
 
 
+def root_exception(failure: Failure) -> ExceptionRecord:
+    """The exception of a chain an expert would name: the last original one, and of one raised while handling
+    another ("During handling of the above exception ..."), the one being handled."""
+    excs = failure.exceptions
+    if len(excs) == 1:
+        return excs[0]
+    tiers = [exception_tier(exc) for exc in excs]
+    idx = len(excs) - 1
+    for i in range(len(excs) - 1, -1, -1):
+        if tiers[i] == TIER_ORIGINAL and excs[i].exc_type:
+            idx = i
+            break
+    while idx > 0 and excs[idx].link == "context" and tiers[idx - 1] == TIER_ORIGINAL:
+        idx -= 1
+    return excs[idx]
+
+
 def group_key(failure: Failure) -> tuple[object, ...]:
     if failure.kind == KIND_DEATH:
         return (KIND_DEATH, failure.signal, _DIGITS.sub("#", failure.message))
+    if failure.kind == KIND_WATCHDOG:
+        work = watchdog_key(failure.message)
+        if work is not None:
+            return (KIND_WATCHDOG, *work)
     inner = failure.innermost
     if inner is not None:
         return (failure.kind, failure.exc_type, inner.file, inner.line, inner.function)
     return (failure.kind, failure.exc_type, _DIGITS.sub("#", failure.message[:300]))
 
 
-def summary(failure: Failure, width: int = 200) -> str:
-    """One line: ``Type: message``; for an empty message, the failing source line and where it is."""
-    message = failure.message.strip()
-    exc_type = failure.exc_type or "incomplete traceback"
+def _summary_of(exc_type: str, message: str, inner: Optional[Frame], width: int) -> str:
+    message = message.strip()
+    exc_type = exc_type or "incomplete traceback"
     if message:
         text = f"{exc_type}: {' '.join(message.split())}"
+    elif inner is not None and inner.source:
+        text = f"{exc_type} at {inner.location()}: {inner.source}"
+    elif inner is not None:
+        text = f"{exc_type} at {inner.location()}"
     else:
-        inner = failure.innermost
-        if inner is not None and inner.source:
-            text = f"{exc_type} at {inner.location()}: {inner.source}"
-        elif inner is not None:
-            text = f"{exc_type} at {inner.location()}"
-        else:
-            text = exc_type
+        text = exc_type
     return text if len(text) <= width else text[: width - 1] + "\u2026"
+
+
+def _innermost_of(failure: Failure, exc: ExceptionRecord) -> Optional[Frame]:
+    return exc.innermost or failure.innermost
+
+
+def summary(failure: Failure, width: int = 200) -> str:
+    """One line: ``Type: message``; for an empty message, the failing source line and where it is."""
+    exc = root_exception(failure)
+    return _summary_of(exc.exc_type, exc.message, _innermost_of(failure, exc), width)
 
 
 @dataclass
@@ -121,6 +203,15 @@ class FailureGroup:
     tier: int = TIER_ORIGINAL
     hint: Optional[Hint] = None
     flags: frozenset[str] = frozenset()
+    # Shown before its report is complete (the exception line is in; a chained part may follow).
+    provisional: bool = False
+    # How sure the decoder is that this is what happened, and why (set by rank()).
+    confidence: str = CERTAIN
+    basis: str = ""
+    # The failure was not printed on its own but quoted in this group's wrapper (set by rank()).
+    quoted_in: Optional[str] = None
+    # The first line where any copy of it appears (a lone exception line may come before its traceback).
+    first_line: Optional[int] = None
 
     def add(self, failure: Failure, process_key: str, lane_kind: str) -> None:
         self.count += 1
@@ -132,24 +223,30 @@ class FailureGroup:
         self.last_line_no = failure.line_no
 
     @property
+    def root(self) -> ExceptionRecord:
+        """The exception this group is named after (see :func:`root_exception`)."""
+        return root_exception(self.first)
+
+    @property
     def exc_type(self) -> str:
-        return self.first.exc_type
+        return self.root.exc_type
 
     @property
     def message(self) -> str:
-        return self.first.message
+        return self.root.message
 
     @property
     def innermost(self) -> Optional[Frame]:
-        return self.first.innermost
+        return _innermost_of(self.first, self.root)
 
     @property
     def line_no(self) -> int:
-        return self.first.line_no
+        return self.first.line_no if self.first_line is None else min(self.first_line, self.first.line_no)
 
     @property
     def summary(self) -> str:
-        return summary(self.first)
+        root = self.root
+        return _summary_of(root.exc_type, root.message, _innermost_of(self.first, root), 200)
 
     @property
     def spread(self) -> int:
@@ -188,14 +285,130 @@ class FailureGroups:
         return len(self.groups)
 
 
+def _first_line(text: str) -> str:
+    text = text.strip()
+    return text.splitlines()[0].strip() if text else ""
+
+
 def _quotes(later: FailureGroup, earlier: FailureGroup) -> bool:
     """Does ``later``'s message repeat ``earlier``'s (a re-raise that carries the text along)?"""
     if set(later.process_keys) <= set(earlier.process_keys):
         return False
-    quoted = earlier.message.strip().splitlines()[0].strip() if earlier.message.strip() else ""
+    quoted = _first_line(earlier.message)
     if len(quoted) < _MIN_QUOTE:
         return False
     return any(quoted in exc.message for exc in later.first.exceptions)
+
+
+def _reports_again(native: FailureGroup, python: FailureGroup) -> bool:
+    """Does a C++ abort, watchdog or native line carry a Python exception's error (same process or not)?"""
+    quoted = _first_line(python.message)
+    if len(quoted) < _MIN_QUOTE:
+        return False
+    text = native.message.replace("\n", " ")
+    return quoted in text or (len(_first_line(native.message)) >= _MIN_QUOTE
+                              and _first_line(native.message).split("] ")[-1] in python.message)
+
+
+def _same_failure(frameless: FailureGroup, framed: FailureGroup) -> bool:
+    if frameless.exc_type != framed.exc_type:
+        return False
+    a, b = _first_line(frameless.message), _first_line(framed.message)
+    if a == b:
+        return True
+    return len(a) >= _MIN_QUOTE and len(b) >= _MIN_QUOTE and (a.startswith(b) or b.startswith(a))
+
+
+def _merge_copies(groups: list[FailureGroup]) -> list[FailureGroup]:
+    """A lone exception line and the traceback that ends in the same exception are one failure."""
+    framed = [g for g in groups if g.first.kind == KIND_TRACEBACK and g.innermost is not None]
+    out: list[FailureGroup] = []
+    merged: dict[int, FailureGroup] = {}
+    for group in groups:
+        first = group.first
+        if first.kind != KIND_TRACEBACK or group.innermost is not None or not first.complete:
+            out.append(group)
+            continue
+        target = next((g for g in framed if _same_failure(group, g)), None)
+        if target is None:
+            out.append(group)
+            continue
+        base = merged.get(id(target), target)
+        copy = dataclasses.replace(
+            base, count=base.count + group.count,
+            process_keys=base.process_keys + [k for k in group.process_keys if k not in base.printed],
+            printed={**group.printed, **base.printed}, kinds={**group.kinds, **base.kinds},
+            first_line=min(base.line_no, group.line_no),
+        )
+        merged[id(target)] = copy
+    return [merged.get(id(g), g) for g in out]
+
+
+def _quoted_failures(group: FailureGroup) -> list[tuple[Failure, str]]:
+    """Failures a wrapper's message quotes: ``Worker failed with error 'AssertionError: ...'``, torchrun's
+    "Root Cause (first observed failure)" block."""
+    out: list[tuple[Failure, str]] = []
+    first = group.first
+    wrapper = group.root.short_type or group.exc_type
+    for exc in first.exceptions:
+        message = exc.message
+        if "'" in message or '"' in message:
+            for found in _QUOTED.finditer(message):
+                record = ExceptionRecord(found.group("type"), found.group("msg").strip())
+                event = TracebackEvent(
+                    lane=first.lane, kind=KIND_TRACEBACK, exceptions=(record,), line_no=first.line_no,
+                    level=first.level, time=first.time, source=first.source, origin=first.origin,
+                    context=f"quoted by {exc.exc_type}", text=first.text, pid=getattr(first, "pid", None),
+                    confidence=LIKELY, basis=f"quoted in the message of {exc.short_type}",
+                )
+                out.append((event, wrapper))
+                break
+        root = _TORCHRUN_ROOT.search(message) if "Root Cause" in message else None
+        if root is not None:
+            fields = {m.group("key"): m.group("value") for m in _TORCHRUN_FIELD.finditer(root.group("block"))}
+            code = fields.get("exitcode", "")
+            traceback = fields.get("traceback", "")
+            signal = None
+            found_signal = _SIGNAL_IN_TEXT.search(traceback)
+            if found_signal:
+                signal = found_signal.group("name")
+            else:
+                number = re.match(r"-(\d+)", code)
+                if number:
+                    signal = signal_name(number.group(1))
+            rank = fields.get("rank", "").split(" ")[0]
+            subject = f"rank{rank}" if rank.isdigit() else None
+            if found_signal:
+                text = f"{traceback} (rank {fields.get('rank', '?')}, exitcode {code})"
+            else:
+                text = f"rank {fields.get('rank', '?')} failed: exitcode {code or '?'}"
+            death = ProcessDeath(lane=first.lane, subject=subject, signal=signal, text=text,
+                                 line_no=first.line_no, level=first.level, time=first.time, source=first.source,
+                                 pid=getattr(first, "pid", None))
+            out.append((death, wrapper))
+    return out
+
+
+def _known(groups: list[FailureGroup], failure: Failure) -> bool:
+    """Is the quoted failure in the log already (printed by the process it happened in)?"""
+    if failure.kind == KIND_DEATH:
+        signal = failure.signal
+        return any(g.first.kind == KIND_DEATH and g.first.signal == signal and signal is not None for g in groups)
+    head = _first_line(failure.message)[:60]
+    short = root_exception(failure).short_type
+    for group in groups:
+        if group.root.short_type == short and (not head or head in group.message):
+            return True
+    return False
+
+
+def _confidence(group: FailureGroup) -> tuple[str, str]:
+    first = group.first
+    confidence = getattr(first, "confidence", CERTAIN)
+    basis = getattr(first, "basis", "") or ""
+    if first.kind == KIND_DEATH and first.signal is None:
+        confidence = LIKELY
+    return confidence, basis
 
 
 def rank(
@@ -203,11 +416,34 @@ def rank(
     facts: Optional[Mapping[str, object]] = None,
     names: Optional[Callable[[str], Optional[str]]] = None,
 ) -> list[FailureGroup]:
-    """Set each group's lanes, tier, flags and hint, and return the groups root cause first.
+    """Set each group's lanes, tier, flags, confidence and hint, and return the groups root cause first.
 
     ``names`` maps a process key to the name its lane shows now (a process may have printed under a less
-    telling name when it failed); without it the printed names stay.
+    telling name when it failed); without it the printed names stay. Groups for failures quoted by wrappers are
+    added to the result (they are not kept in the state).
     """
+    groups = _merge_copies(groups)
+    for group in groups:
+        group.tier = failure_tier(group.first)
+    derived: list[FailureGroup] = []
+    any_original = any(g.tier == TIER_ORIGINAL for g in groups)
+    for group in groups:
+        if group.tier < TIER_PROPAGATED:
+            continue
+        for failure, wrapper in _quoted_failures(group):
+            if _known(groups, failure) or _known(derived, failure):
+                continue
+            if failure.kind == KIND_DEATH and failure.signal is None and any_original:
+                continue  # "exitcode: 1": the rank's own exception is in the log
+            quoted = FailureGroup(("quoted", *group.key), failure, quoted_in=wrapper,
+                                  provisional=group.provisional)
+            for key in group.process_keys:
+                quoted.add(failure, key, group.kinds[key])
+                quoted.printed[key] = group.printed[key]
+            quoted.tier = failure_tier(failure)
+            derived.append(quoted)
+    groups = groups + derived
+
     ordered = sorted(groups, key=lambda g: g.line_no)
     for group in ordered:
         lanes: list[str] = []
@@ -216,7 +452,6 @@ def rank(
             if name not in lanes:
                 lanes.append(name)
         group.lanes = lanes
-        group.tier = failure_tier(group.first)
     for i, group in enumerate(ordered):
         if group.tier >= TIER_PROPAGATED:
             continue
@@ -224,6 +459,25 @@ def rank(
             if earlier.tier <= TIER_SECONDARY and _quotes(group, earlier):
                 group.tier = TIER_PROPAGATED
                 break
+    pythons = [g for g in ordered if g.tier == TIER_ORIGINAL and g.first.kind == KIND_TRACEBACK]
+    later_rank: dict[int, int] = {}
+    for group in ordered:
+        kind = group.first.kind
+        if group.tier != TIER_ORIGINAL:
+            continue
+        watchdog = kind == KIND_WATCHDOG or WATCHDOG_TIMEOUT in group.message or is_watchdog_message(
+            group.message)
+        native = _native(group.first)
+        if native or watchdog:
+            others = [p for p in pythons if p is not group and not is_watchdog_message(p.message)]
+            if native and kind != KIND_DEATH and any(_reports_again(group, p) for p in others):
+                group.tier = TIER_PROPAGATED  # the abort or watchdog of the process that raised it
+                continue
+            if native and kind != KIND_WATCHDOG and any(p.line_no < group.line_no for p in others):
+                group.tier = TIER_SECONDARY  # after the exception: the process going down
+                continue
+            if watchdog:
+                later_rank[id(group)] = 1  # the timeout of a collective some rank stopped taking part in
     originals = [g for g in ordered if g.tier == TIER_ORIGINAL and g.first.kind != KIND_DEATH]
     explained: set[str] = set()
     for group in originals:
@@ -231,7 +485,7 @@ def rank(
     # A crash dump written straight to the terminal (faulthandler, std::terminate) carries no lane prefix;
     # it may well be the named process's own last words.
     stray_dump = any(g.first.kind in (KIND_FATAL, KIND_ABORT) and g.first.lane == MAIN_LANE for g in originals)
-    result = sorted(ordered, key=lambda g: (g.tier, g.line_no))
+    result = sorted(ordered, key=lambda g: (g.tier, later_rank.get(id(g), 0), g.line_no))
     for group in result:
         flags: set[str] = set()
         if group.first.kind == KIND_DEATH:
@@ -241,9 +495,13 @@ def rank(
                 flags.add("silent")
             elif not named and not originals:
                 flags.add("silent")
-        elif group is result[0] and group.tier >= TIER_PROPAGATED:
+        elif group is result[0] and group.tier >= TIER_PROPAGATED and group.first.kind != KIND_CHECK:
             # The best there is, a re-raise, re-raises nothing in the log: that process died silently.
             flags.add("silent")
         group.flags = frozenset(flags)
+        group.confidence, group.basis = _confidence(group)
+        if group is result[0] and group.tier >= TIER_PROPAGATED and group.first.kind != KIND_CHECK:
+            group.confidence = GUESS
+            group.basis = f"{group.basis}; only a re-raise is in the log" if group.basis else "only a re-raise"
         group.hint = classify(group.first, flags=group.flags, facts=facts)
     return result

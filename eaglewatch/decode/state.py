@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 from eaglewatch.decode.events import BarUpdate, Failure, LineEvent, ProcessDeath, TracebackEvent
 from eaglewatch.decode.lanes import LaneId, lane_kind, lane_ranks, name_score
-from eaglewatch.decode.rootcause import FailureGroup, FailureGroups, rank
+from eaglewatch.decode.rootcause import FailureGroup, FailureGroups, group_key, rank
 
 
 def lane_key(lane: LaneId) -> str:
@@ -91,6 +91,8 @@ class DecodeState:
         self._failures = FailureGroups(max_groups)
         self._warnings = FailureGroups(max_groups)
         self._ranked: Optional[tuple[int, list[FailureGroup], list[FailureGroup]]] = None
+        # Per process, the failure it is printing right now, shown before its report is complete.
+        self._provisional: dict[str, tuple[Failure, LaneState]] = {}
 
     # ------------------------------------------------------------------ updates (decoder side)
 
@@ -143,6 +145,36 @@ class DecodeState:
         if moved:
             lane.last_progress_at = now
 
+    def set_provisional(self, failure: Failure, lane: LaneState) -> None:
+        """Show ``failure`` at once: the report ``lane`` is printing, not complete yet (it replaces the one shown
+        for that lane before, and :meth:`clear_provisional` or the final failure ends it)."""
+        self._provisional[lane.key] = (failure, lane)
+        self.version += 1
+
+    def clear_provisional(self, lane: LaneState) -> None:
+        if self._provisional.pop(lane.key, None) is not None:
+            self.version += 1
+
+    @property
+    def provisional(self) -> list[Failure]:
+        """The failures shown while their reports are still being printed, one per lane at most."""
+        with self.lock:
+            return [failure for failure, _ in self._provisional.values()]
+
+    def _process(self, failure: Failure, lane: Optional[LaneState]) -> tuple[str, str]:
+        """The key and kind of the process a failure is about."""
+        if lane is None:
+            lane = self._by_name.get(failure.lane)
+        who = failure.who
+        if who != failure.lane:
+            named = self._by_name.get(who)
+            if named is not None:
+                return named.key, named.kind
+            return f"name:{who}", lane_kind(who)
+        if lane is not None:
+            return lane.key, lane.kind
+        return f"name:{who}", lane_kind(who)
+
     def add_failure(self, failure: Failure, lane: Optional[LaneState] = None) -> None:
         """File a traceback or death notice; ``lane`` is the lane that printed it."""
         if lane is None:
@@ -183,8 +215,20 @@ class DecodeState:
         cached = self._ranked
         if cached is not None and cached[0] == self.version:
             return cached[1], cached[2]
-        failures = rank(list(self._failures.groups.values()), self.facts, self._name_of)
-        warnings = rank(list(self._warnings.groups.values()), self.facts, self._name_of)
+        failure_groups = list(self._failures.groups.values())
+        warning_groups = list(self._warnings.groups.values())
+        for failure, lane in self._provisional.values():
+            target, groups = ((self._warnings, warning_groups) if failure.survived
+                              else (self._failures, failure_groups))
+            key = group_key(failure)
+            if key in target.groups:
+                continue  # the same failure is already there, complete (another rank printed it first)
+            process_key, kind = self._process(failure, lane)
+            group = FailureGroup(key, failure, provisional=True)
+            group.add(failure, process_key, kind)
+            groups.append(group)
+        failures = rank(failure_groups, self.facts, self._name_of)
+        warnings = rank(warning_groups, self.facts, self._name_of)
         self._ranked = (self.version, failures, warnings)
         return failures, warnings
 

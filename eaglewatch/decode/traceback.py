@@ -6,13 +6,24 @@ and returns finished :class:`TracebackEvent` objects. It understands
 * plain and chained Python tracebacks ("The above exception was the direct cause...", "During handling..."),
   with multi-line messages, ``[Previous line repeated N more times]`` and 3.11+ caret lines;
 * ``ExceptionGroup`` tracebacks drawn with ``+`` and ``|``;
-* tracebacks written through a logger, where every line carries the same header;
-* ``faulthandler`` dumps ("Fatal Python error: Segmentation fault" with thread stacks);
-* C++ exceptions that end in ``std::terminate`` ("terminate called after throwing an instance of ...").
+* tracebacks written through a logger, where every line carries the same header (or only the first does);
+* parts of tracebacks, as pasted or cut: frames with no ``Traceback`` header (indented or not), an exception
+  line alone (``ValueError: Free memory on device ...``), an exception line after a stray source or caret line,
+  a message and ``Traceback (most recent call last):`` on one line, Ray's ``ray::Actor.method() (pid=...)``
+  header, a debugger's "Exception has occurred: X" report (frames innermost first);
+* ``faulthandler`` dumps ("Fatal Python error: Segmentation fault" with thread stacks) and fatal-signal banners
+  (``!!!!!!! Segfault encountered !!!!!!!``, ``*** SIGSEGV received at time=...``);
+* C++ exceptions that end in ``std::terminate`` ("terminate called after throwing an instance of ..."), also
+  when several ranks print theirs into one another and the terminal wraps them; one whose ``what()`` is an NCCL
+  watchdog timeout is a watchdog failure;
+* eaglewatch's preflight table (``[FAIL] miniature  reason`` with its ``fix:`` line, ``preflight: FAILED``).
 
 Lines of other lanes never reach an assembler, so interleaving between processes does not matter. Unrelated
 lines inside the same lane (another thread, or another process writing without a prefix) are skipped while
 the frames are being read.
+
+As soon as an exception line (or the first line of a dump or abort) is in, :attr:`TracebackAssembler.provisional_due`
+is set and :meth:`TracebackAssembler.snapshot` gives the failure as read so far, for a live view to show at once.
 """
 
 from __future__ import annotations
@@ -22,9 +33,14 @@ import textwrap
 from typing import Optional
 
 from eaglewatch.decode.events import (
+    CERTAIN,
+    GUESS,
     KIND_ABORT,
+    KIND_CHECK,
     KIND_FATAL,
     KIND_TRACEBACK,
+    KIND_WATCHDOG,
+    LIKELY,
     ExceptionRecord,
     Frame,
     TracebackEvent,
@@ -37,23 +53,66 @@ CAUSE = "The above exception was the direct cause of the following exception:"
 CONTEXT = "During handling of the above exception, another exception occurred:"
 FATAL_START = "Fatal Python error: "
 ABORT_START = "terminate called "
+DEBUGGER_START = "Exception has occurred: "
 
 # A line that may begin a traceback-like block (checked with str.startswith before anything else).
 TRIGGERS = (TB_START, FATAL_START, ABORT_START, "  + " + EG_MARK, "+ " + EG_MARK, EG_MARK, "Current thread 0x")
 
+BASIS_COMPLETE = "complete traceback"
+BASIS_FRAGMENT = "from a fragment (no Traceback header)"
+BASIS_BARE = "exception line without traceback header"
+BASIS_CUT = "traceback cut off before its exception line"
+BASIS_CHAIN_CUT = "chained part cut off"
+BASIS_JOINED = "header and frames joined across lanes"
+BASIS_RAY = "Ray task report"
+BASIS_DEBUGGER = "debugger exception report (frames innermost first)"
+BASIS_FAULTHANDLER = "faulthandler dump"
+BASIS_BANNER = "fatal-signal banner"
+BASIS_ABORT = "C++ abort report"
+BASIS_CHECK = "preflight check"
+
 _FILE = re.compile(r'\s*File "(?P<file>[^"]*)", line (?P<line>\d+|\?+)(?:,? in (?P<func>.*?))?\s*$')
 _EXC = re.compile(r"(?P<type>[A-Za-z_][\w.]*(?:\([\w.]+\))?)(?:(?P<colon>:)(?: ?(?P<msg>.*))?)?$")
+# An exception line outside a traceback must name a class that looks like one.
+_EXC_NAME = (r"(?:[A-Za-z_]\w*\.)*(?:_?[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Iteration|Failed|Failure|Timeout)"
+             r"|Exception|BaseException)")
+_BARE_AT_START = re.compile(r"(?P<type>" + _EXC_NAME + r"(?:\([\w.]+\))?)(?::(?: ?(?P<msg>.*))?$|$)")
+_BARE_INSIDE = re.compile(r"(?<![\w.])(?P<type>" + _EXC_NAME + r"(?:\([\w.]+\))?): ")
+_LABEL_END = frozenset(":：】]>)*`'\" \t")
 _REPEATED = re.compile(r"\s*\[Previous line repeated \d+ more times?\]")
 _PROCESS = re.compile(r"Process (?P<name>[^\s:]+):\s*$")
 _THREAD_HEAD = re.compile(r"(?:Current thread|Thread) 0x[0-9a-fA-F]+.*\(most recent call first\):\s*$")
-_ABORT_TYPE = re.compile(r"terminate called after throwing an instance of '(?P<type>[^']+)'")
+_ABORT_TYPE = re.compile(
+    r"terminate called after throwing an instance of '(?P<type>[A-Za-z_][\w:<>]*?)(?=terminate|'|$)"
+)
 _RAISED_FROM = re.compile(
     r"Exception raised from (?P<func>.+?) at (?P<file>[^\s:]+):(?P<line>\d+) \(most recent call first\)"
 )
 _SUB_SEP = re.compile(r"\+?-*\+?-+ (?:\d+|\.\.\.) -+$")
+_RAY_TASK = re.compile(r"ray::[\w.<>\-]+\(\) \(pid=\d+")
+# IPython / Jupyter / Databricks: "ValueError                Traceback (most recent call last)", frames as
+# "File /x/llm.py:178, in LLM.__init__(self, model)" or "File <command-12>, line 3", the failing line as "---> 178 ..."
+_IPY_FILE = re.compile(
+    r"(?:Input In \[\d+\], in |File |Cell (?=In ?\[))(?P<file>[^\s,]+?)(?::(?P<line>\d+))?"
+    r"(?:, line (?P<line2>\d+))?(?:, in (?P<func>[^(\s]+)(?:\(.*)?)?\s*$"
+)
+_IPY_ARROW = re.compile(r"-*> ?(?P<no>\d+) (?P<src>.*)$")
+_BANNER = re.compile(
+    r"!{3,} ?(?P<what>Segfault|Segmentation fault|Bus error|Illegal instruction|Floating point exception|Abort)"
+    r"\w* encountered ?!{3,}"
+    r"|\*\*\* (?P<sig>SIG[A-Z]+) received at time="
+    r"|Caught signal (?P<num>\d+) \((?P<what2>[^:)]+)"
+)
+_BANNER_SIGNALS = {"Segfault": "SIGSEGV", "Segmentation fault": "SIGSEGV", "Bus error": "SIGBUS",
+                   "Illegal instruction": "SIGILL", "Floating point exception": "SIGFPE", "Abort": "SIGABRT"}
+_CHECK = re.compile(r"\s*\[(?P<mark>FAIL|warn)\] (?P<name>\S(?:.*?\S)?)(?: {2,}(?P<reason>\S.*))?$")
+_PREFLIGHT_FAILED = re.compile(r"preflight: FAILED(?: \((?P<detail>[^)]*)\))?")
+WATCHDOG_TIMEOUT = "Watchdog caught collective operation timeout"
+_RANK_IN = re.compile(r"\[Rank (\d+)\] Watchdog caught")
 
 _NOT_TYPES = frozenset({"Note", "Warning", "Hint", "Usage", "See", "Error", "Info", "Debug", "Tip"})
 _SURVIVABLE_LEVELS = frozenset({"WARNING", "INFO", "DEBUG"})
+_QUIET_LEVELS = frozenset({"INFO", "DEBUG"})
 
 MAX_TEXT_LINES = 400
 MAX_FRAMES = 200
@@ -61,7 +120,8 @@ MAX_MESSAGE_LINES = 60
 MAX_FOREIGN = 200
 
 # States
-_IDLE, _FRAMES, _AFTER_EXC, _CHAIN, _GROUP, _FATAL, _ABORT = range(7)
+_IDLE, _FRAMES, _AFTER_EXC, _CHAIN, _GROUP, _FATAL, _ABORT, _DEBUGGER, _CHECKLINE = range(9)
+_SHOWN_STATES = (_AFTER_EXC, _GROUP, _FATAL, _ABORT, _DEBUGGER, _CHECKLINE)
 
 
 def starts_block(msg: str) -> bool:
@@ -74,6 +134,34 @@ def starts_block(msg: str) -> bool:
             return True  # a SyntaxError in the main script: no "Traceback" line, the frame has no function
         return head.startswith(TB_START) or (EG_MARK in head[:40] and head.lstrip("+ ").startswith(EG_MARK))
     return False
+
+
+def may_start(msg: str, level: Optional[str]) -> bool:
+    """Cheap test: could this line begin anything the assembler reads (a part of a report included)?"""
+    if starts_block(msg):
+        return True
+    if level in _QUIET_LEVELS:
+        return TB_START in msg
+    return (
+        "Error" in msg
+        or "Exception" in msg
+        or 'File "' in msg
+        or "Traceback (most" in msg
+        or "terminate called" in msg
+        or "ray::" in msg
+        or "Interrupt" in msg
+        or "Exit" in msg
+        or "Failed" in msg
+        or "Failure" in msg
+        or "Timeout" in msg
+        or "Iteration" in msg
+        or "[FAIL]" in msg
+        or "[warn]" in msg
+        or "FAILED" in msg
+        or " encountered !" in msg
+        or "*** SIG" in msg
+        or "Caught signal" in msg
+    )
 
 
 def exception_line(text: str) -> Optional[tuple[str, str, bool]]:
@@ -90,6 +178,28 @@ def exception_line(text: str) -> Optional[tuple[str, str, bool]]:
     return exc_type, found.group("msg") or "", bool(found.group("colon"))
 
 
+def bare_exception(text: str) -> Optional[tuple[str, str, bool, int]]:
+    """An exception line outside any traceback: ``Type: message`` at the start of the line, or after a short
+    label (``【BUG】：RuntimeError: ...``, ``Error in model execution: RuntimeError: ...``). The class name must
+    look like an exception's (``...Error``, ``...Exception``, ``KeyboardInterrupt``, ``SystemExit`` ...).
+
+    Returns ``(type, message, has_colon, where the type starts)`` or None.
+    """
+    if not text or text[0] in " \t":
+        return None
+    found = _BARE_AT_START.match(text)
+    if found:
+        msg = found.group("msg")
+        return found.group("type"), msg or "", msg is not None or text.endswith(":"), 0
+    inside = _BARE_INSIDE.search(text, 1, 120)
+    if inside is None or inside.start() > 60 or text[inside.start() - 1] not in _LABEL_END:
+        return None
+    start = inside.start()
+    if '"' in text[:start] or "File " in text[:start]:
+        return None
+    return inside.group("type"), text[inside.end():], True, start
+
+
 def _frame_from(found: re.Match[str]) -> Frame:
     file = found.group("file")
     line = found.group("line")
@@ -100,10 +210,16 @@ def _is_caret(stripped: str) -> bool:
     return bool(stripped) and not stripped.strip("^~ ")
 
 
+def _is_frame(msg: str) -> Optional[re.Match[str]]:
+    if 'File "' not in msg[:40]:
+        return None
+    return _FILE.match(msg)
+
+
 class _Exc:
     """The exception being read."""
 
-    __slots__ = ("frames", "exc_type", "msg_lines", "link", "blank_run", "subs")
+    __slots__ = ("frames", "exc_type", "msg_lines", "link", "blank_run", "subs", "absorb", "wrapped", "raw_lens")
 
     def __init__(self, link: Optional[str]) -> None:
         self.frames: list[Frame] = []
@@ -112,6 +228,9 @@ class _Exc:
         self.link = link
         self.blank_run = 0
         self.subs: tuple[ExceptionRecord, ...] = ()
+        self.absorb = False  # "RuntimeError:" with the message on the following lines, unindented
+        self.wrapped = False  # message lines may be hard-wrapped by a terminal: join those without a newline
+        self.raw_lens: list[int] = []  # the physical length of each message line, to see where it was wrapped
 
     def add_frame(self, frame: Frame) -> None:
         if len(self.frames) >= MAX_FRAMES:
@@ -125,8 +244,8 @@ class _Exc:
             self.frames[-1] = Frame(last.file, last.line, last.function, source, last.kind)
 
     def record(self) -> ExceptionRecord:
-        return ExceptionRecord(self.exc_type or "", _join_message(self.msg_lines), tuple(self.frames), self.subs,
-                               self.link)
+        message = _join_wrapped(self.msg_lines, self.raw_lens) if self.wrapped else _join_message(self.msg_lines)
+        return ExceptionRecord(self.exc_type or "", message, tuple(self.frames), self.subs, self.link)
 
 
 def _join_message(lines: list[str]) -> str:
@@ -141,14 +260,36 @@ def _join_message(lines: list[str]) -> str:
     return (first.strip() + "\n" + body).strip()
 
 
+def _join_wrapped(lines: list[str], raw_lens: list[int]) -> str:
+    """Lines a terminal cut at its width: a line as long as the longest one (when more than one is, or when it
+    stops in the middle of a word) continues on the next."""
+    pairs = [(line, raw_lens[i] if i < len(raw_lens) else len(line)) for i, line in enumerate(lines) if line.strip()]
+    if not pairs:
+        return ""
+    width = max(length for _, length in pairs)
+    shared = sum(1 for _, length in pairs if length == width) > 1
+    out = pairs[0][0].strip()
+    for (prev, prev_len), (line, _) in zip(pairs, pairs[1:]):
+        piece = line.strip()
+        cut = width >= 60 and prev_len == width and (
+            shared or (prev.rstrip()[-1:].isalnum() and piece[:1].isalnum() and piece[:1].islower()))
+        out += piece if cut else "\n" + line.rstrip()
+    return out.strip()
+
+
+def is_watchdog_message(message: str) -> bool:
+    return WATCHDOG_TIMEOUT in message or WATCHDOG_TIMEOUT in message.replace("\n", "")
+
+
 class TracebackAssembler:
     """Reads one lane. Call :meth:`feed` for every line of the lane while :attr:`active` is true, and for
-    lines that start with one of :data:`TRIGGERS` otherwise; call :meth:`flush` at the end."""
+    lines that :func:`may_start` a report otherwise; call :meth:`flush` at the end."""
 
     __slots__ = (
         "lane", "pid", "state", "hkey", "record_key", "level", "time", "source", "line_no", "origin", "context",
         "survived", "chain", "cur", "text", "foreign", "kind", "signal", "group_lines", "abort_seen", "stacks",
-        "last_consumed",
+        "last_consumed", "fragment", "basis", "flat", "after_frame", "provisional_due", "pending_exc",
+        "reverse", "abort_junk", "started_by", "prev_indented", "ipython",
     )
 
     def __init__(self, lane: str, pid: Optional[int] = None) -> None:
@@ -156,6 +297,8 @@ class TracebackAssembler:
         self.pid = pid
         self.state = _IDLE
         self.last_consumed = False  # whether the last line fed belonged to a traceback
+        self.provisional_due = False  # an exception line just arrived: snapshot() shows it
+        self.prev_indented = False  # the lane's previous line was indented code or a caret line
         self._reset()
 
     def _reset(self) -> None:
@@ -176,6 +319,15 @@ class TracebackAssembler:
         self.group_lines: list[str] = []
         self.abort_seen: set[str] = set()
         self.stacks: list[tuple[bool, list[Frame]]] = []
+        self.fragment = False  # no header: the report starts at a frame or at the exception line
+        self.basis = BASIS_COMPLETE
+        self.flat = False  # frames printed without their indentation: source lines are not indented either
+        self.after_frame = False  # the last line kept was a frame line
+        self.pending_exc: Optional[tuple[str, str]] = None  # the wrapper named by a Ray task header
+        self.reverse = False  # frames listed innermost first (a debugger's report)
+        self.abort_junk = 0
+        self.started_by = ""  # "header", "frame", "exception", ...
+        self.ipython = False  # IPython's layout of frames
 
     @property
     def active(self) -> bool:
@@ -185,7 +337,14 @@ class TracebackAssembler:
     def awaiting_more(self) -> bool:
         """True once what has been read stands as a report (the exception line is in, or a dump or abort
         has begun): what follows may still add to it, or may end it."""
-        return self.state in (_AFTER_EXC, _GROUP, _FATAL, _ABORT)
+        return self.state in _SHOWN_STATES
+
+    @property
+    def header_only(self) -> bool:
+        """A ``Traceback (most recent call last):`` line and nothing after it yet."""
+        cur = self.cur
+        return (self.state == _FRAMES and self.started_by == "header" and not self.chain and cur is not None
+                and not cur.frames and cur.exc_type is None and len(self.text) <= 1)
 
     # ------------------------------------------------------------------ entry point
 
@@ -208,6 +367,7 @@ class TracebackAssembler:
         """
         out: list[TracebackEvent] = []
         self.last_consumed = True
+        self.prev_indented = prev_msg is not None and (prev_msg[:1] in (" ", "\t") or _is_caret(prev_msg.strip()))
         if self.state != _IDLE:
             if self._continue(msg, level, time, source, line_no, out):
                 return out
@@ -224,14 +384,25 @@ class TracebackAssembler:
             self._finish(out)
         return out
 
+    def discard(self) -> None:
+        """Forget what is being read (its header turned out to belong to another lane's frames)."""
+        self._reset()
+
+    def unhead(self) -> None:
+        """The rest of this report comes without a logger header (a header was on its first line only)."""
+        self.hkey = None
+        self.record_key = None
+
     # ------------------------------------------------------------------ starting
 
     def _maybe_start(self, msg, level, time, source, line_no, prev_msg, prev_record, out) -> None:
         stripped = msg.lstrip()
+        first = msg[:1]
         if msg.startswith(TB_START) or stripped.startswith(TB_START):
             self._begin(level, time, source, line_no, prev_msg, prev_record)
             self.cur = _Exc(None)
             self.state = _FRAMES
+            self.started_by = "header"
         elif EG_MARK in msg and stripped.lstrip("+ ").startswith(EG_MARK):
             self._begin(level, time, source, line_no, prev_msg, prev_record)
             self.cur = _Exc(None)
@@ -240,6 +411,7 @@ class TracebackAssembler:
         elif msg.startswith(FATAL_START) or (msg.startswith("Current thread 0x") and _THREAD_HEAD.match(msg)):
             self._begin(level, time, source, line_no, prev_msg, prev_record)
             self.kind = KIND_FATAL
+            self.basis = BASIS_FAULTHANDLER
             self.cur = _Exc(None)
             if msg.startswith(FATAL_START):
                 self.cur.exc_type = "Fatal Python error"
@@ -251,28 +423,150 @@ class TracebackAssembler:
                 self.survived = True
             self.state = _FATAL
             self._fatal_line(msg)
-        elif msg.startswith("  File ") and ", in " not in msg and _FILE.match(msg):
+            self.provisional_due = True
+        elif first == " " and stripped.startswith("File ") and ", in " not in msg and _FILE.match(msg):
             # SyntaxError raised while compiling the main script: the report starts at the frame.
             self._begin(level, time, source, line_no, prev_msg, prev_record)
             self.cur = _Exc(None)
             self.state = _FRAMES
+            self.started_by = "frame"
             self.last_consumed = True
             self.text.append(msg)
             self.cur.add_frame(_frame_from(_FILE.match(msg)))  # type: ignore[arg-type]
+            self.after_frame = True
             return
-        elif msg.startswith(ABORT_START):
+        elif "terminate called" in msg and (msg.startswith(ABORT_START) or _ABORT_TYPE.search(msg)):
             self._begin(level, time, source, line_no, prev_msg, prev_record)
             self.kind = KIND_ABORT
+            self.basis = BASIS_ABORT
             self.cur = _Exc(None)
-            found = _ABORT_TYPE.match(msg)
-            self.cur.exc_type = found.group("type") if found else "std::terminate"
+            found = _ABORT_TYPE.search(msg)
+            self.cur.exc_type = found.group("type") if found and found.group("type") else "std::terminate"
             if not found:
                 self.cur.msg_lines = [msg.strip()]
             self.state = _ABORT
-        else:
+            self.provisional_due = True
+        elif not self._maybe_start_more(msg, stripped, level, time, source, line_no, prev_msg, prev_record):
             return
         self.last_consumed = True
         self.text.append(msg)
+
+    def _maybe_start_more(self, msg, stripped, level, time, source, line_no, prev_msg, prev_record) -> bool:
+        """The starts that are parts of reports, or reports of other shapes; True when one began."""
+        banner = _BANNER.search(msg) if ("encountered" in msg or "*** SIG" in msg or "Caught signal" in msg) else None
+        if banner is not None:
+            self._begin(level, time, source, line_no, prev_msg, prev_record)
+            self.kind = KIND_FATAL
+            self.basis = BASIS_BANNER
+            self.cur = _Exc(None)
+            what = banner.group("what") or banner.group("what2") or ""
+            self.signal = banner.group("sig") or _BANNER_SIGNALS.get(what.strip().split(":")[0])
+            if self.signal is None and banner.group("num"):
+                self.signal = _NUM_SIGNALS.get(banner.group("num"))
+            self.cur.exc_type = "Segmentation fault" if self.signal == "SIGSEGV" else "Fatal signal"
+            self.cur.msg_lines = [stripped.strip()]
+            self.state = _FATAL
+            self.provisional_due = True
+            return True
+        found = _is_frame(stripped) if 'File "' in msg else None
+        if found is not None:
+            self._begin(level, time, source, line_no, prev_msg, prev_record)
+            self.cur = _Exc(None)
+            self.cur.add_frame(_frame_from(found))
+            self.state = _FRAMES
+            self.started_by = "frame"
+            self.fragment = True
+            self.basis = BASIS_FRAGMENT
+            self.flat = msg[:1] not in (" ", "\t")
+            self.after_frame = True
+            return True
+        if msg.startswith(DEBUGGER_START):
+            parsed = exception_line(msg[len(DEBUGGER_START):].split("  ", 1)[0].strip())
+            if parsed is not None:
+                self._begin(level, time, source, line_no, prev_msg, prev_record)
+                self.cur = _Exc(None)
+                self.cur.exc_type = parsed[0]
+                self.state = _DEBUGGER
+                self.reverse = True
+                self.fragment = True
+                self.basis = BASIS_DEBUGGER
+                self.provisional_due = True
+                return True
+        if "[FAIL]" in msg or "[warn]" in msg or msg.startswith("preflight: FAILED"):
+            if self._start_check(msg, level, time, source, line_no, prev_msg, prev_record):
+                return True
+        cut = msg.find(TB_START[:-1])  # IPython prints it without the colon
+        if cut > 0:
+            # The message and the traceback on one logger line: "Worker failed: boom Traceback (most ...):"
+            self._begin(level, time, source, line_no, None, None)
+            head = msg[:cut].strip()
+            named = exception_line(head) if "   " in msg[:cut] else None
+            if named is not None and not named[2]:
+                self.ipython = True  # "ValueError                 Traceback (most recent call last)"
+                self.pending_exc = (named[0], "")
+            elif head:
+                self.context = head
+            self.cur = _Exc(None)
+            self.state = _FRAMES
+            self.started_by = "header"
+            return True
+        if "ray::" in msg:
+            ray = _RAY_TASK.search(msg)
+            if ray is not None:
+                # Ray's task header stands where "Traceback (most recent call last):" would.
+                self._begin(level, time, source, line_no, prev_msg, prev_record)
+                self.context = msg.strip()
+                wrapper = exception_line(msg[:ray.start()].rstrip().rstrip(":").strip() + ":")
+                if wrapper is not None and msg[:ray.start()].rstrip().endswith(":"):
+                    self.pending_exc = (wrapper[0], msg[ray.start():].strip())
+                self.cur = _Exc(None)
+                self.state = _FRAMES
+                self.started_by = "header"
+                self.basis = BASIS_RAY
+                return True
+        if level in _QUIET_LEVELS:
+            return False
+        bare = bare_exception(msg)
+        if bare is None:
+            return False
+        exc_type, message, colon, start = bare
+        if not colon and not self.prev_indented:
+            return False  # "SomethingError" alone on a line, with nothing around it that says traceback
+        self._begin(level, time, source, line_no, prev_msg, prev_record)
+        self.cur = _Exc(None)
+        self.cur.exc_type = exc_type
+        self.cur.msg_lines = [message]
+        self.cur.absorb = colon and not message.strip()
+        if start > 0 and self.context is None:
+            self.context = msg[:start].strip() or None
+        self.state = _AFTER_EXC
+        self.started_by = "exception"
+        self.fragment = True
+        self.basis = BASIS_FRAGMENT if self.prev_indented else BASIS_BARE
+        self.provisional_due = True
+        return True
+
+    def _start_check(self, msg, level, time, source, line_no, prev_msg, prev_record) -> bool:
+        found = _CHECK.match(msg)
+        summary = None if found else _PREFLIGHT_FAILED.match(msg)
+        if found is None and summary is None:
+            return False
+        self._begin(level, time, source, line_no, prev_msg, prev_record)
+        self.kind = KIND_CHECK
+        self.basis = BASIS_CHECK
+        self.cur = _Exc(None)
+        if found is not None:
+            self.cur.exc_type = "PreflightCheckFailed" if found.group("mark") == "FAIL" else "PreflightWarning"
+            self.survived = found.group("mark") == "warn"
+            reason = found.group("reason") or ""
+            self.cur.msg_lines = [f"{found.group('name')}: {reason}".rstrip(": ")]
+        else:
+            assert summary is not None
+            self.cur.exc_type = "PreflightFailed"
+            self.cur.msg_lines = [summary.group("detail") or "preflight failed"]
+        self.state = _CHECKLINE
+        self.provisional_due = True
+        return True
 
     def _begin(self, level, time, source, line_no, prev_msg, prev_record) -> None:
         self._reset()
@@ -289,10 +583,10 @@ class TracebackAssembler:
             elif prev.startswith("Exception ignored"):
                 self.survived = True
                 self.context = prev
-            elif prev.startswith("Exception in thread"):
+            elif prev.startswith(("Exception in thread", "Exception in callback", "Task exception was never")):
                 self.context = prev
             elif (prev and self.record_key is not None and prev_record == self.record_key
-                  and exception_line(prev) is None):
+                  and prev_msg[:1] not in (" ", "\t") and exception_line(prev) is None):
                 # The log message the traceback belongs to ("WorkerProc failed to start.").
                 self.context = prev
 
@@ -335,6 +629,19 @@ class TracebackAssembler:
                 return True
             self._finish(out)
             return False
+        if state == _DEBUGGER:
+            return self._debugger_line(msg, level, source, out)
+        if state == _CHECKLINE:
+            stripped = msg.strip()
+            if level is None and stripped.startswith("fix: "):
+                cur = self.cur
+                assert cur is not None
+                cur.msg_lines.append(stripped)
+                self._keep(msg)
+                self._finish(out)
+                return True
+            self._finish(out)
+            return False
         return False
 
     def _keep(self, msg: str) -> None:
@@ -344,26 +651,62 @@ class TracebackAssembler:
         text.append(msg)
 
     def _frames_line(self, msg, level, source, out) -> bool:
-        if self._foreign(msg, level, source):
-            return self._skip_foreign(out)
         cur = self.cur
         assert cur is not None
-        if msg.startswith("  File ") or msg.startswith("File ") or msg.lstrip().startswith('File "'):
+        if self.hkey is not None and level is None and len(self.text) == 1 and not cur.frames:
+            # The header was on the first line only (Ray's "ERROR worker.py:433 -- Unhandled error ..."); the
+            # frames come as printed.
+            head = msg.lstrip()
+            if head.startswith('File "') or _is_caret(head.strip()) or msg[:1] in (" ", "\t"):
+                self.unhead()
+        if self._foreign(msg, level, source):
+            return self._skip_foreign(out)
+        after_frame = self.after_frame
+        self.after_frame = False
+        if 'File "' in msg[:40]:
             found = _FILE.match(msg)
             if found:
                 cur.add_frame(_frame_from(found))
                 self._keep(msg)
+                self.after_frame = True
+                if msg[:1] not in (" ", "\t"):
+                    self.flat = True
                 return True
         first = msg[:1]
+        stripped = msg.strip()
+        if self.ipython and (first == "F" or first == "I" or first == "C" or first == "-"):
+            ipy = _IPY_FILE.match(msg) if first != "-" else None
+            if ipy is not None:
+                file = ipy.group("file")
+                line = ipy.group("line") or ipy.group("line2")
+                cur.add_frame(Frame(file, int(line) if line else None, ipy.group("func"), None, frame_kind(file)))
+                self._keep(msg)
+                return True
+            arrow = _IPY_ARROW.match(msg) if first == "-" else None
+            if arrow is not None:
+                last = cur.frames[-1] if cur.frames else None
+                if last is not None:
+                    cur.frames[-1] = Frame(last.file, last.line or int(arrow.group("no")), last.function,
+                                           arrow.group("src").strip(), last.kind)
+                self._keep(msg)
+                return True
         if first in (" ", "\t"):
-            stripped = msg.strip()
+            if self.ipython:
+                self._keep(msg)  # IPython's context lines around the failing one
+                return True
             if _is_caret(stripped) or _REPEATED.match(msg):
                 self._keep(msg)
+                return True
+            if stripped == "...":
+                self._keep(msg)  # a traceback the user shortened by hand
                 return True
             cur.set_source(stripped)
             self._keep(msg)
             return True
-        if not msg.strip():
+        if not stripped:
+            self._keep(msg)
+            return True
+        if _is_caret(stripped):
             self._keep(msg)
             return True
         if msg.startswith(TB_START):
@@ -371,11 +714,23 @@ class TracebackAssembler:
             self._finish(out, complete=False)
             return False
         parsed = exception_line(msg)
+        if parsed is not None and parsed[1].startswith("ray::") and _RAY_TASK.match(parsed[1]):
+            # "RayTaskError(ValueError): ray::f() (pid=..)": the remote task's frames follow.
+            self.context = msg.strip()
+            self.pending_exc = (parsed[0], parsed[1])
+            self._keep(msg)
+            return True
+        if self.flat and after_frame and (parsed is None or (not parsed[2] and bare_exception(msg) is None)):
+            cur.set_source(stripped)  # the frame's source line, its indentation lost
+            self._keep(msg)
+            return True
         if parsed is None:
             return self._skip_foreign(out)
         cur.exc_type = parsed[0]
         cur.msg_lines = [parsed[1]]
+        cur.absorb = parsed[2] and not parsed[1].strip()
         self.state = _AFTER_EXC
+        self.provisional_due = True
         self._keep(msg)
         return True
 
@@ -410,9 +765,23 @@ class TracebackAssembler:
             return False
         if not stripped:
             cur.blank_run += 1
+            cur.absorb = False
             self._keep(msg)
             return True
+        if cur.absorb and len(cur.msg_lines) == 1 and msg[:1] in (" ", "\t"):
+            cur.absorb = False  # "RuntimeError: " and an indented message: Python's own layout, read below
+        if cur.absorb and msg[:1] not in (" ", "\t") and not self._starts_something(msg):
+            # "RuntimeError:" and its message on the lines below it, up to a blank line.
+            if len(cur.msg_lines) < MAX_MESSAGE_LINES:
+                cur.msg_lines.extend([""] * cur.blank_run)
+                cur.msg_lines.append(msg)
+                cur.blank_run = 0
+                self._keep(msg)
+                return True
         if same_record or msg[:1] in (" ", "\t"):
+            if _is_frame(msg.lstrip()) is not None and not same_record:
+                self._finish(out)
+                return False
             if len(cur.msg_lines) < MAX_MESSAGE_LINES:
                 cur.msg_lines.extend([""] * cur.blank_run)
                 cur.msg_lines.append(msg)
@@ -421,6 +790,10 @@ class TracebackAssembler:
             return True
         self._finish(out)
         return False
+
+    @staticmethod
+    def _starts_something(msg: str) -> bool:
+        return msg.startswith(TRIGGERS) or _is_frame(msg) is not None or _PROCESS.match(msg) is not None
 
     def _chain_line(self, msg, level, source, out) -> bool:
         if self._foreign(msg, level, source):
@@ -444,9 +817,35 @@ class TracebackAssembler:
             assert cur is not None
             cur.exc_type, cur.msg_lines = parsed[0], [parsed[1]]
             self.state = _AFTER_EXC
+            self.provisional_due = True
             self._keep(msg)
             return True
         return self._skip_foreign(out)
+
+    def _debugger_line(self, msg, level, source, out) -> bool:
+        if self._foreign(msg, level, source):
+            self._finish(out)
+            return False
+        cur = self.cur
+        assert cur is not None
+        found = _is_frame(msg.lstrip()) if 'File "' in msg else None
+        if found is not None:
+            cur.add_frame(_frame_from(found))
+            self._keep(msg)
+            return True
+        stripped = msg.strip()
+        if not cur.frames:
+            if stripped and len(cur.msg_lines) < MAX_MESSAGE_LINES:
+                cur.msg_lines.append(msg)
+            self._keep(msg)
+            return True
+        if not stripped or msg[:1] in (" ", "\t") or _is_caret(stripped):
+            if stripped and not _is_caret(stripped) and cur.frames and cur.frames[-1].source is None:
+                cur.set_source(stripped)
+            self._keep(msg)
+            return True
+        self._finish(out)
+        return False
 
     # ------------------------------------------------------------------ exception groups
 
@@ -462,6 +861,7 @@ class TracebackAssembler:
             cur.frames = list(top.frames)
             cur.subs = top.sub_exceptions
         self.state = _AFTER_EXC
+        self.provisional_due = True
 
     # ------------------------------------------------------------------ faulthandler and C++ aborts
 
@@ -489,8 +889,16 @@ class TracebackAssembler:
         assert cur is not None
         stripped = msg.strip()
         if stripped.startswith("what():"):
-            cur.msg_lines = [stripped[len("what():"):].strip()]
+            cur.msg_lines = [msg[msg.index("what():") + len("what():"):].strip()]
+            cur.raw_lens = [len(msg)]
+            cur.wrapped = True
             self.abort_seen.add("what")
+            self.provisional_due = True
+            return True
+        if "what" not in self.abort_seen and self.abort_junk < 20 and (
+                "terminate called" in msg or "'" in msg or "::" in msg):
+            # Several processes aborting at once write their lines into one another.
+            self.abort_junk += 1
             return True
         found = _RAISED_FROM.search(msg)
         if found:
@@ -503,44 +911,104 @@ class TracebackAssembler:
             return True
         if not stripped:
             return "frame" not in self.abort_seen
-        if "what" in self.abort_seen and "raised" not in self.abort_seen and len(cur.msg_lines) < MAX_MESSAGE_LINES:
+        if ("what" in self.abort_seen and "raised" not in self.abort_seen and len(cur.msg_lines) < MAX_MESSAGE_LINES
+                and not starts_block(msg)):
             cur.msg_lines.append(msg)
+            cur.raw_lens.append(len(msg))
             return True
         return False
 
     # ------------------------------------------------------------------ finishing
 
-    def _finish(self, out: list[TracebackEvent], complete: bool = True) -> None:
+    def snapshot(self) -> Optional[TracebackEvent]:
+        """The report as read so far, marked provisional (None when there is nothing to show yet)."""
+        self.provisional_due = False
         cur = self.cur
+        if cur is None or cur.exc_type is None:
+            return None
+        chain = [*self.chain, cur.record()]
+        if self.reverse:
+            last = chain[-1]
+            chain[-1] = ExceptionRecord(last.exc_type, last.message, tuple(reversed(last.frames)),
+                                        last.sub_exceptions, last.link)
+        kind = self.kind
+        if kind == KIND_FATAL:
+            last = chain[-1]
+            chain[-1] = ExceptionRecord(last.exc_type, last.message, tuple(_fatal_frames(self.stacks)),
+                                        last.sub_exceptions, last.link)
+        elif kind == KIND_ABORT and is_watchdog_message(chain[-1].message):
+            kind = KIND_WATCHDOG
+        return self._event(tuple(chain), kind, True, self._signal_of(chain), provisional=True)
+
+    def _signal_of(self, chain: list[ExceptionRecord]) -> Optional[str]:
+        if self.kind == KIND_FATAL and self.signal is None and chain:
+            return _FATAL_SIGNALS.get(chain[-1].message.split(" (")[0].strip())
+        return self.signal
+
+    def _event(self, exceptions: tuple[ExceptionRecord, ...], kind: str, complete: bool, signal: Optional[str],
+               provisional: bool = False) -> TracebackEvent:
+        basis = self.basis
+        if not complete:
+            confidence, basis = GUESS, BASIS_CUT
+        elif self.fragment or basis in (BASIS_BANNER, BASIS_JOINED) or BASIS_CHAIN_CUT in basis:
+            confidence = LIKELY
+        else:
+            confidence = CERTAIN
+        return TracebackEvent(
+            lane=self.lane,
+            kind=kind,
+            exceptions=exceptions,
+            line_no=self.line_no,
+            level=self.level,
+            time=self.time,
+            source=self.source,
+            origin=self.origin,
+            context=self.context,
+            text="\n".join(self.text),
+            survived=self.survived,
+            complete=complete,
+            signal=signal,
+            pid=self.pid,
+            confidence=confidence,
+            basis=basis,
+            provisional=provisional,
+        )
+
+    def _finish(self, out: list[TracebackEvent], complete: bool = True) -> None:
+        self.provisional_due = False
+        cur = self.cur
+        kind = self.kind
         if cur is not None:
             if cur.exc_type is None:
-                complete = False
-                cur.exc_type = ""
-                cur.msg_lines = ["traceback ended before its exception line"]
-            if self.kind == KIND_FATAL:
-                cur.frames = _fatal_frames(self.stacks)
-            self.chain.append(cur.record())
-        if self.kind == KIND_FATAL and self.chain:
-            message = self.chain[-1].message
-            self.signal = _FATAL_SIGNALS.get(message.split(" (")[0].strip())
-        out.append(
-            TracebackEvent(
-                lane=self.lane,
-                kind=self.kind,
-                exceptions=tuple(self.chain),
-                line_no=self.line_no,
-                level=self.level,
-                time=self.time,
-                source=self.source,
-                origin=self.origin,
-                context=self.context,
-                text="\n".join(self.text),
-                survived=self.survived,
-                complete=complete,
-                signal=self.signal,
-                pid=self.pid,
-            )
-        )
+                if self.chain:
+                    # "The above exception was the direct cause ..." and then the paste (or the log) ends:
+                    # what was read stands.
+                    cur = None
+                    self.basis = f"{self.basis}; {BASIS_CHAIN_CUT}"
+                    complete = True
+                elif self.pending_exc is not None:
+                    cur.exc_type, cur.msg_lines = self.pending_exc[0], [self.pending_exc[1]]
+                    complete = True
+                elif not cur.frames and kind == KIND_TRACEBACK:
+                    # A "Traceback (most recent call last):" line and nothing of it: nothing to report.
+                    self._reset()
+                    return
+                else:
+                    complete = False
+                    cur.exc_type = ""
+                    cur.msg_lines = ["traceback ended before its exception line"]
+            if cur is not None:
+                if kind == KIND_FATAL:
+                    cur.frames = _fatal_frames(self.stacks)
+                if self.reverse:
+                    cur.frames.reverse()
+                self.chain.append(cur.record())
+        if kind == KIND_ABORT and self.chain and is_watchdog_message(self.chain[-1].message):
+            kind = KIND_WATCHDOG
+            if self.origin is None and self.lane == "main":
+                rank = _RANK_IN.search(self.chain[-1].message)
+                self.origin = f"rank{rank.group(1)}" if rank else None
+        out.append(self._event(tuple(self.chain), kind, complete, self._signal_of(self.chain)))
         self._reset()
 
 
@@ -551,6 +1019,7 @@ _FATAL_SIGNALS = {
     "Floating point exception": "SIGFPE",
     "Illegal instruction": "SIGILL",
 }
+_NUM_SIGNALS = {"4": "SIGILL", "6": "SIGABRT", "7": "SIGBUS", "8": "SIGFPE", "9": "SIGKILL", "11": "SIGSEGV"}
 
 
 def _fatal_frames(stacks: list[tuple[bool, list[Frame]]]) -> list[Frame]:

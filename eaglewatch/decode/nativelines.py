@@ -1,0 +1,93 @@
+"""Fatal lines that are not Python exceptions: NCCL watchdog timeouts and native CUDA checks.
+
+* ``[rank1]:[E321 02:07:08.40 ProcessGroupNCCL.cpp:607] [Rank 1] Watchdog caught collective operation timeout:
+  WorkNCCL(SeqNum=1580, OpType=ALLREDUCE, ...) ran for 600060 milliseconds before timing out.`` One line may carry
+  several ranks' reports run together; each is a failure of kind ``watchdog``.
+* ``CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:56`` (a C++ allocator's check),
+  ``Failed: Cuda error /workspace/csrc/custom_all_reduce.cuh:164 'invalid argument'`` (vLLM's CUDACHECK),
+  ``CUDA error at file.cu:12 code=2(cudaErrorMemoryAllocation)`` (the CUDA samples' helper): kind ``native``,
+  type ``CUDA Error``, the file and line as the frame.
+
+Whatever level a collector printed in front of them, these are failures: the process does not go on.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+from eaglewatch.decode.events import (
+    KIND_NATIVE,
+    KIND_WATCHDOG,
+    LIKELY,
+    ExceptionRecord,
+    Frame,
+    TracebackEvent,
+)
+from eaglewatch.decode.frames import frame_kind
+
+WATCHDOG_TYPE = "NCCL watchdog timeout"
+NATIVE_CUDA_TYPE = "CUDA Error"
+
+_WATCHDOG = re.compile(
+    r"(?:\[(?:PG [^\]]*?)?Rank (?P<rank>\d+)\] )?Watchdog caught collective operation timeout: "
+    r"(?P<work>WorkNCCL\((?:[^()]|\([^()]*\))*\)?)(?: ran for \d+ milliseconds before timing out\.?)?"
+)
+_NATIVE = re.compile(
+    r"CUDA [Ee]rror: (?P<m1>.+?) at (?P<f1>[\w./\-]+\.\w+):(?P<l1>\d+)"
+    r"|Failed: Cuda error (?P<f2>[\w./\-]+\.\w+):(?P<l2>\d+) '(?P<m2>[^']*)'"
+    r"|CUDA error at (?P<f3>[\w./\-]+\.\w+):(?P<l3>\d+) code=(?P<m3>.+)"
+)
+_SEQ = re.compile(r"SeqNum=(?P<seq>\d+)")
+_OP = re.compile(r"OpType=(?P<op>\w+)")
+
+
+def maybe_native(msg: str) -> bool:
+    return "uda error" in msg or "UDA Error" in msg or "UDA error at" in msg
+
+
+def watchdog_key(message: str) -> Optional[tuple[str, str]]:
+    """``(OpType, SeqNum)`` of the collective a watchdog report names: the same timeout seen by every rank."""
+    flat = message.replace("\n", "")
+    op = _OP.search(flat)
+    if op is None:
+        return None
+    seq = _SEQ.search(flat)
+    return (op.group("op"), seq.group("seq") if seq else "?")
+
+
+def watchdog_failures(
+    msg: str, lane: str, line_no: int, level: Optional[str], time: Optional[str], source: Optional[str],
+    pid: Optional[int], lane_rank: Optional[int],
+) -> list[TracebackEvent]:
+    out = []
+    for found in _WATCHDOG.finditer(msg):
+        rank = found.group("rank")
+        # Ranks aborting together write into one another's lines: the report names its own rank.
+        origin = f"rank{rank}" if rank is not None and int(rank) != lane_rank else None
+        text = found.group(0).strip()
+        out.append(TracebackEvent(
+            lane=lane, kind=KIND_WATCHDOG, exceptions=(ExceptionRecord(WATCHDOG_TYPE, text),), line_no=line_no,
+            level=level, time=time, source=source, origin=origin, text=msg.strip(), pid=pid,
+            confidence=LIKELY, basis="NCCL watchdog report",
+        ))
+    return out
+
+
+def native_failure(
+    msg: str, lane: str, line_no: int, level: Optional[str], time: Optional[str], source: Optional[str],
+    pid: Optional[int],
+) -> Optional[TracebackEvent]:
+    found = _NATIVE.search(msg, 0, 4000)  # anywhere: a C++ printf glues its line to whatever came before
+    if found is None:
+        return None
+    file = found.group("f1") or found.group("f2") or found.group("f3")
+    line = found.group("l1") or found.group("l2") or found.group("l3")
+    frame = Frame(file, int(line), None, None, frame_kind(file))
+    # "CUDA Error: out of memory at x.cpp:56" reads as type and message; the other forms are kept whole.
+    text = msg[found.start("m1"):].strip() if found.group("m1") else msg[found.start():].strip()
+    return TracebackEvent(
+        lane=lane, kind=KIND_NATIVE, exceptions=(ExceptionRecord(NATIVE_CUDA_TYPE, text, (frame,)),),
+        line_no=line_no, level=level, time=time, source=source, text=msg.strip(), pid=pid,
+        confidence=LIKELY, basis="native error line (no Python exception)",
+    )

@@ -1,0 +1,313 @@
+"""Shapes of real pasted logs, each in a few lines: parts of tracebacks, prefixes, wrappers, native failures,
+confidence, and failures shown at once (provisional) and then refined."""
+
+from __future__ import annotations
+
+from eaglewatch.decode import Decoder, FailureGroup, ProvisionalFailure, TracebackEvent, decode_bytes
+from eaglewatch.decode.report import render_text, to_dict
+
+SP = "/usr/local/lib/python3.12/dist-packages"
+
+
+def root_of(text: str) -> FailureGroup:
+    _, state = decode_bytes(text.encode())
+    failures = state.failures_ranked()
+    assert failures, "no failure"
+    return failures[0]
+
+
+def test_unprefixed_header_joins_the_prefixed_frames_of_the_next_lines() -> None:
+    head = "(Worker_DP0_TP8_EP8 pid=844) ERROR 2025-10-25 15:32:13.272 [multiproc_executor.py:703] "
+    text = (
+        f"{head}WorkerProc hit an exception.\n"
+        "Traceback (most recent call last):\n"
+        f'{head}  File "{SP}/vllm/v1/executor/multiproc_executor.py", line 698, in worker_busy_loop\n'
+        f"{head}    output = func(*args, **kwargs)\n"
+        f'{head}  File "{SP}/vllm/v1/worker/gpu_worker.py", line 447, in execute_model\n'
+        f"{head}    output = self.model_runner.execute_model(scheduler_output)\n"
+        f"{head}torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0\n"
+        "(EngineCore_DP0 pid=700) INFO 10-25 15:32:14 [core.py:1] shutting down\n"
+    )
+    _, state = decode_bytes(text.encode())
+    (root,) = state.failures_ranked()  # no "incomplete traceback" left behind in main
+    assert root.exc_type == "torch.OutOfMemoryError" and root.lanes == ["Worker_DP0_TP8_EP8"]
+    assert root.innermost is not None and root.innermost.function == "execute_model"
+    assert root.basis == "header and frames joined across lanes" and root.confidence == "likely"
+    assert root.first.text.startswith("Traceback (most recent call last):")
+
+
+def test_prefixed_header_and_frames_without_prefix() -> None:
+    text = (
+        "(EngineCore_DP0 pid=7) ERROR 10-25 15:32:13 [core.py:710] Traceback (most recent call last):\n"
+        f'  File "{SP}/vllm/v1/engine/core.py", line 701, in run_engine_core\n'
+        "    engine_core = EngineCoreProc(*args, **kwargs)\n"
+        "ValueError: To serve at least one request with the models's max seq len (8192), (1.0 GiB KV cache is "
+        "needed, which is larger than the available KV cache memory (0.5 GiB).\n"
+    )
+    root = root_of(text)
+    assert root.exc_type == "ValueError" and root.lanes == ["EngineCore_DP0"]
+    assert root.hint is not None and root.hint.id == "kv_cache_too_small"
+
+
+def test_message_and_traceback_on_one_logger_line() -> None:
+    head = "(EngineCore pid=3) ERROR 10-25 15:32:13 [core.py:1] "
+    text = (
+        f"{head}EngineCore failed to start. Traceback (most recent call last):\n"
+        f'{head}  File "{SP}/vllm/v1/engine/core.py", line 12, in start\n'
+        f"{head}    self.load()\n"
+        f"{head}KeyError: 'model.layers.0.mlp.experts.w13_weight'\n"
+    )
+    root = root_of(text)
+    assert root.exc_type == "KeyError" and root.first.context == "EngineCore failed to start."
+    assert root.confidence == "certain"
+
+
+def test_ray_task_header_stands_for_the_traceback_line() -> None:
+    text = (
+        "ray.exceptions.RayTaskError(AssertionError): ray::WorkerDict.actor_rollout_generate_sequences() "
+        "(pid=2345, ip=10.0.0.7, actor_id=abc, repr=<verl.single_controller.ray.base.WorkerDict object>)\n"
+        f'  File "{SP}/verl/workers/rollout/vllm_rollout.py", line 220, in generate_sequences\n'
+        "    assert len(outputs) == batch_size\n"
+        "AssertionError: expected 64 outputs, got 32\n"
+    )
+    root = root_of(text)
+    assert root.exc_type == "AssertionError" and root.message == "expected 64 outputs, got 32"
+    assert root.innermost is not None and root.innermost.function == "generate_sequences"
+
+
+def test_launcher_prefix_in_front_of_vllms() -> None:
+    text = ("2025-11-02 10:00:01 [Error] (Process) (EngineCore pid=5511) torch.OutOfMemoryError: CUDA out of "
+            "memory. Tried to allocate 1.02 GiB. GPU 3 has a total capacity of 79.1 GiB of which 312.00 MiB is free.\n")
+    root = root_of(text)
+    assert root.exc_type == "torch.OutOfMemoryError" and root.lanes == ["EngineCore"]
+    assert root.hint is not None and root.hint.id == "cuda_oom" and root.hint.figures["requested"] == "1.02 GiB"
+    assert root.basis == "exception line without traceback header"
+
+
+def test_message_logged_alone_before_a_cut_traceback() -> None:
+    text = (
+        "ERROR 10-25 15:32:13 [engine.py:160] RuntimeError('CUDA error: an illegal memory access')\n"
+        "ERROR 10-25 15:32:13 [engine.py:161] RuntimeError: CUDA error: an illegal memory access was encountered\n"
+        "Process SpawnProcess-1:\n"
+        "Traceback (most recent call last):\n"
+        '  File "/usr/lib/python3.12/multiprocessing/process.py", line 314, in _bootstrap\n'
+        "    self.run()\n"
+    )
+    _, state = decode_bytes(text.encode())
+    root, cut = state.failures_ranked()
+    assert root.exc_type == "RuntimeError" and "illegal memory access was encountered" in root.message
+    assert not cut.first.complete and cut.confidence == "guess"
+
+
+def test_quoted_exception_line_and_its_traceback_are_one_failure() -> None:
+    tb = (
+        "Traceback (most recent call last):\n"
+        '  File "/srv/train.py", line 40, in <module>\n'
+        "    main()\n"
+        "ValueError: tokenizer has no chat template\n"
+    )
+    _, state = decode_bytes(("**ValueError: tokenizer has no chat template**\n\n" + tb).encode())
+    (root,) = state.failures_ranked()
+    assert root.exc_type == "ValueError" and root.innermost is not None and root.count == 2
+    assert root.line_no == 0  # where it first shows
+
+
+def test_double_spaced_paste_and_markdown() -> None:
+    lines = ["`Traceback (most recent call last):", '  File "/srv/run.py", line 3, in <module>', "    load()",
+             '  File "/srv/run.py", line 1, in load', "    return json.load(f)",
+             "json.decoder.JSONDecodeError: Expecting value: line 1 column 1 (char 0)`"]
+    root = root_of("\n\n".join(lines) + "\n")
+    assert root.exc_type == "json.decoder.JSONDecodeError" and root.confidence == "certain"
+    assert [f.function for f in root.first.frames] == ["<module>", "load"]
+
+
+def test_abort_that_reports_the_workers_exception_ranks_below_it() -> None:
+    text = (
+        "[rank0]: terminate called after throwing an instance of 'c10::DistBackendError'\n"
+        "[rank0]:   what():  [PG ID 0 PG GUID 0(default_pg) Rank 0] Process group watchdog thread terminated with "
+        "exception: CUDA error: an illegal memory access was encountered\n"
+        "[rank0]: Exception raised from c10_cuda_check_implementation at /pytorch/c10/cuda/CUDAException.cpp:43 "
+        "(most recent call first):\n"
+        "(VllmWorker rank=1 pid=12) ERROR 05-12 19:01:18 [multiproc_executor.py:470]   File \"/x/vllm/model.py\", "
+        "line 9, in forward\n"
+        "(VllmWorker rank=1 pid=12) ERROR 05-12 19:01:18 [multiproc_executor.py:470]     return F.gelu(x)\n"
+        "(VllmWorker rank=1 pid=12) ERROR 05-12 19:01:18 [multiproc_executor.py:470] RuntimeError: CUDA error: an "
+        "illegal memory access was encountered\n"
+    )
+    _, state = decode_bytes(text.encode())
+    failures = state.failures_ranked()
+    assert failures[0].exc_type == "RuntimeError" and failures[0].lanes == ["VllmWorker rank=1"]
+    assert failures[1].first.kind == "abort" and failures[1].tier == 2
+
+
+def test_fatal_error_at_shutdown_is_never_the_root_after_an_exception() -> None:
+    text = (
+        "RuntimeError: CUDA error: no kernel image is available for execution on the device\n"
+        "Fatal Python error: Aborted\n\nThread 0x00007f (most recent call first):\n"
+        '  File "/usr/lib/python3.12/threading.py", line 355 in wait\n'
+        "Fatal Python error: Segmentation fault\n\nCurrent thread 0x00007f (most recent call first):\n"
+        '  File "/usr/lib/python3.12/weakref.py", line 9 in __call__\n'
+    )
+    _, state = decode_bytes(text.encode())
+    failures = state.failures_ranked()
+    assert failures[0].exc_type == "RuntimeError"
+    assert all(g.tier >= 1 for g in failures[1:])
+
+
+def test_memory_monitor_kill_is_the_root_and_actor_died_its_consequence() -> None:
+    text = (
+        "(raylet) [2025-03-01 10:00:00,123 E 411 411] (raylet) node_manager.cc:3069: 1 Workers (tasks / actors) "
+        "killed due to memory pressure (OOM), 0 Workers crashed due to other reasons at node (ID: 6e1f, IP: "
+        "10.0.0.3) over the last time period.\n"
+        "Traceback (most recent call last):\n"
+        f'  File "{SP}/ray/_private/worker.py", line 2771, in get\n'
+        "    raise value\n"
+        "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.\n"
+    )
+    root = root_of(text)
+    assert root.first.signal == "SIGKILL" and "memory pressure (OOM)" in root.message
+    assert root.hint is not None and root.hint.id == "killed_sigkill"
+
+
+def test_watchdog_reports_of_several_ranks_on_one_line() -> None:
+    text = (
+        "[rank1]:[E1012 10:10:10.1 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=77, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600023 "
+        "milliseconds before timing out.[rank0]:[E1012 10:10:10.1 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog "
+        "caught collective operation timeout: WorkNCCL(SeqNum=77, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, "
+        "Timeout(ms)=600000) ran for 600031 milliseconds before timing out.\n"
+    )
+    root = root_of(text)
+    assert root.first.kind == "watchdog" and root.exc_type == "NCCL watchdog timeout"
+    assert root.spread == 2 and "SeqNum=77, OpType=ALLREDUCE" in root.message
+    assert root.hint is not None and root.hint.id == "collective_comm"
+
+
+def test_a_python_exception_outranks_the_watchdog_timeouts_it_causes() -> None:
+    text = (
+        "[rank1]:[E1012 10:20:10.1 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=9, OpType=BROADCAST, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600023 "
+        "milliseconds before timing out.\n"
+        "[rank0]: ValueError: sample 1234 has no assistant turn\n"
+    )
+    assert root_of(text).exc_type == "ValueError"
+
+
+def test_native_cuda_check_at_any_collector_level() -> None:
+    text = ("2025-09-10T09:37:41.5Z INFO worker: Failed: Cuda error /workspace/csrc/custom_all_reduce.cuh:164 "
+            "'invalid argument'\n")
+    root = root_of(text)
+    assert root.first.kind == "native" and root.exc_type == "CUDA Error"
+    assert root.innermost is not None and root.innermost.line == 164
+
+
+def test_segfault_of_a_shell_child_and_absl_banner() -> None:
+    assert root_of("./run.sh: line 3: 4411 Segmentation fault      python serve.py\n").first.signal == "SIGSEGV"
+    banner = root_of("*** SIGSEGV received at time=1741259412 on cpu 17 ***\nPC: @ 0x7f (unknown)\n")
+    assert banner.first.signal == "SIGSEGV" and banner.first.kind == "fatal"
+
+
+def test_preflight_failure_lines() -> None:
+    text = (
+        "  [ok  ] versions     vLLM 0.26.0, torch 2.9.0\n"
+        "  [FAIL] miniature    the miniature run failed: AssertionError at core.py:97 in page_size_bytes [Worker_TP0]\n"
+        "                      fix: see /tmp/mini/log; fix this before the real load\n"
+        "  [warn] disk         only 40 GiB free for about 38 GiB of output\n"
+        "preflight: FAILED (1 failed, 1 warnings, 3 checks)\n"
+    )
+    _, state = decode_bytes(text.encode())
+    failures = state.failures_ranked()
+    assert [g.exc_type for g in failures] == ["PreflightCheckFailed", "PreflightFailed"]
+    assert failures[0].message.startswith("miniature: the miniature run failed: AssertionError")
+    assert "fix: see /tmp/mini/log" in failures[0].message and failures[0].first.kind == "check"
+    (warning,) = state.warnings_ranked()
+    assert warning.exc_type == "PreflightWarning" and warning.message.startswith("disk: only 40 GiB")
+    assert "Root cause: PreflightCheckFailed: miniature" in render_text(state)
+
+
+def test_chained_cause_is_refined_in_place() -> None:
+    head = "(Worker_TP0 pid=5) ERROR 11-30 01:29:02 [multiproc_executor.py:1] "
+    decoder = Decoder(clock=lambda: 0.0)
+    events = decoder.feed(
+        f"{head}Traceback (most recent call last):\n"
+        f'{head}  File "/srv/a.py", line 1, in f\n'
+        f"{head}FileNotFoundError: /models/x/config.json\n".encode())
+    (shown,) = [e for e in events if isinstance(e, ProvisionalFailure)]
+    assert shown.failure.provisional and shown.failure.exc_type == "FileNotFoundError"
+    assert not [e for e in events if isinstance(e, TracebackEvent)]
+    (group,) = decoder.state.failures_ranked()
+    assert group.provisional and group.exc_type == "FileNotFoundError"
+    assert to_dict(decoder.state)["failures"][0]["provisional"] is True
+    events = decoder.feed(
+        f"{head}\n{head}The above exception was the direct cause of the following exception:\n{head}\n"
+        f"{head}Traceback (most recent call last):\n"
+        f'{head}  File "/srv/b.py", line 9, in load\n'
+        f"{head}RuntimeError: could not load the model config\n".encode())
+    (refined,) = [e for e in events if isinstance(e, ProvisionalFailure)]
+    assert [e.exc_type for e in refined.failure.exceptions] == ["FileNotFoundError", "RuntimeError"]
+    (group,) = decoder.state.failures_ranked()
+    assert group.provisional and group.exc_type == "RuntimeError"
+    final = [e for e in decoder.finish() if isinstance(e, TracebackEvent)]
+    assert len(final) == 1 and not final[0].provisional
+    (group,) = decoder.state.failures_ranked()
+    assert not group.provisional and group.count == 1 and decoder.state.provisional == []
+
+
+def test_confidence_and_provisional_in_the_report() -> None:
+    _, state = decode_bytes(b"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 9.00 GiB\n")
+    doc = to_dict(state)["failures"][0]
+    assert doc["confidence"] == "likely" and doc["basis"] == "exception line without traceback header"
+    assert doc["provisional"] is False
+    assert "confidence: likely (exception line without traceback header)" in render_text(state)
+
+
+def test_only_a_reraise_is_a_guess() -> None:
+    text = ("RuntimeError: Worker failed with error '', please check the stack trace above for the root cause\n")
+    root = root_of(text)
+    assert root.tier == 2 and root.confidence == "guess"
+
+
+def test_ordinary_lines_are_not_exceptions() -> None:
+    text = (
+        "Model: meta-llama/Llama-3.1-8B\n"
+        "Error: file not found, retrying\n"
+        "INFO 11-30 01:28:09 [x.py:1] ValueError: is only logged here at INFO\n"
+        "Exception in ControllerSingle:\n"
+        "Processed prompts: 100%|##########| 3/3 [00:00<00:00, 16.2it/s]\n"
+        "AssertionError\n"
+    )
+    _, state = decode_bytes(text.encode())
+    assert state.failures_ranked() == []
+
+
+def test_notebook_traceback() -> None:
+    text = (
+        "---------------------------------------------------------------------------\n"
+        "ValueError                                Traceback (most recent call last)\n"
+        "File <command-4218>, line 3\n"
+        "      1 from vllm import LLM\n"
+        "----> 3 llm = LLM(model=path, max_model_len=131072)\n"
+        f"File {SP}/vllm/engine/llm_engine.py:451, in LLMEngine._initialize_kv_caches(self)\n"
+        "    449 num_gpu_blocks, num_cpu_blocks = self.model_executor.determine_num_available_blocks()\n"
+        "--> 451 self.model_executor.initialize_cache(num_gpu_blocks, num_cpu_blocks)\n"
+        "ValueError: The model's max seq len (131072) is larger than the maximum number of tokens that can be "
+        "stored in KV cache (43872). Try increasing `gpu_memory_utilization` or decreasing `max_model_len`.\n"
+    )
+    root = root_of(text)
+    assert root.exc_type == "ValueError" and root.confidence == "certain"
+    inner = root.innermost
+    assert inner is not None and inner.function == "LLMEngine._initialize_kv_caches" and inner.line == 451
+    assert inner.source == "self.model_executor.initialize_cache(num_gpu_blocks, num_cpu_blocks)"
+    assert root.hint is not None and root.hint.id == "kv_cache_too_small"
+
+
+def test_native_line_glued_to_a_log_line_and_a_crashed_worker() -> None:
+    text = ("(VllmWorker TP0 pid=9) INFO 09-10 09:37:40 [custom_all_reduce.py:203] Registering 4536 cuda graph "
+            "addressesFailed: Cuda error /workspace/csrc/custom_all_reduce.cuh:307 'invalid argument'\n"
+            "(EngineCore pid=3) ERROR 09-10 09:37:41 [multiproc_executor.py:149] Worker proc VllmWorker-0 died "
+            "unexpectedly, shutting down executor.\n")
+    root = root_of(text)
+    assert root.first.kind == "native" and root.lanes == ["VllmWorker TP0"]
+    crashed = root_of("(EngineCore pid=3) ERROR 09-10 09:37:41 [m.py:1] Worker proc VllmWorker-0 died unexpectedly "
+                      "(exitcode=-11)\nRuntimeError: Engine core initialization failed. See root cause above.\n")
+    assert crashed.first.signal == "SIGSEGV" and crashed.tier == 0
