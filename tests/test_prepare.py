@@ -83,10 +83,10 @@ def test_lenient_mode_skips_and_reports(tmp_path, tokenizer, bad, why):
 def test_truncation_max_samples_and_seeded_shuffle(tmp_path, tokenizer):
     records = [dict(SHAREGPT, id=f"s{i}") for i in range(10)]
     src = write_jsonl(tmp_path / "chat.jsonl", records)
-    report = prepare(src, tmp_path / "a.jsonl", tokenizer, max_length=16, max_samples=4, seed=3)
+    report = prepare(src, tmp_path / "a.jsonl", tokenizer, max_length=40, max_samples=4, seed=3)
     rows = [json.loads(line) for line in (tmp_path / "a.jsonl").read_text().splitlines()]
-    assert report.truncated == 4 and all(len(r["input_ids"]) == 16 for r in rows)
-    prepare(src, tmp_path / "b.jsonl", tokenizer, max_length=16, max_samples=4, seed=3)
+    assert report.truncated == 4 and all(len(r["input_ids"]) == 40 for r in rows)
+    prepare(src, tmp_path / "b.jsonl", tokenizer, max_length=40, max_samples=4, seed=3)
     assert (tmp_path / "a.jsonl").read_text() == (tmp_path / "b.jsonl").read_text()
     assert [r["id"] for r in rows] != ["s0", "s1", "s2", "s3"]
 

@@ -4,11 +4,9 @@ a fix. They reuse the validators of ``plan`` that ``extract`` itself runs, so th
 
 from __future__ import annotations
 
-import json
 import shutil
-import struct
+from collections import defaultdict
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from types import EllipsisType
 from typing import Any, Callable, Iterable
 
@@ -71,7 +69,7 @@ def check_model(ctx: Context) -> list[CheckResult]:
     info = ctx.info
     results = [CheckResult("model folder", PASS, f"{'/'.join(info.architectures) or info.model_type}: "
                            f"{info.num_hidden_layers} layers, hidden {info.hidden_size}, {len(info.shards)} shards")]
-    results.append(_check_index(info))
+    results.append(_check_shards(info))
     quant = (info.config.get("quantization_config") or info.text_config.get("quantization_config") or {})
     method = quant.get("quant_method") if isinstance(quant, dict) else None
     if ctx.cfg.engine == "vllm" and ctx.vllm is not None:
@@ -94,41 +92,66 @@ def check_model(ctx: Context) -> list[CheckResult]:
     return results
 
 
-def _check_index(info: mi.ModelInfo) -> CheckResult:
-    """Every tensor of the index is in the shard it names, and the sizes add up (headers only)."""
-    index_path = info.path / "model.safetensors.index.json"
-    if not index_path.exists():
-        return CheckResult("shards", PASS, f"{len(info.shards)} safetensors file(s), no index")
-    index = json.loads(index_path.read_text())
-    declared = (index.get("metadata") or {}).get("total_size")
-    by_shard: dict[str, set[str]] = {}
-    for tensor, shard in index["weight_map"].items():
-        by_shard.setdefault(shard, set()).add(tensor)
+def _check_shards(info: mi.ModelInfo) -> CheckResult:
+    """Each weight file against its own header (offsets, sizes: a truncated download), and against the index
+    (every tensor it names is in the shard it names). Headers only: kilobytes per shard, never the weights."""
+    wanted: defaultdict[str, set[str]] = defaultdict(set)
+    if info.index is not None:
+        for tensor, shard in info.index.weight_map.items():
+            wanted[shard].add(tensor)
+    bad: list[dict[str, Any]] = []
+    lacking: list[tuple[str, set[str]]] = []
     total = 0
-    for shard, tensors in by_shard.items():
+    for shard in info.shards:
         try:
-            header = _read_header(info.path / shard)
-        except (OSError, ValueError) as exc:
-            return CheckResult("shards", FAIL, f"{shard} is not a readable safetensors file: {exc}",
-                               "re-download that shard")
-        missing = tensors - header.keys()
+            layout = mi.read_shard_layout(info.path / shard)
+        except mi.ShardError as exc:
+            bad.append({"shard": shard, "problem": f"{shard} {exc}", "expected_bytes": exc.expected_size,
+                        "actual_bytes": exc.actual_size})
+            continue
+        except OSError as exc:
+            bad.append({"shard": shard, "problem": f"{shard} cannot be read: {exc.strerror or exc}",
+                        "expected_bytes": None, "actual_bytes": None})
+            continue
+        tensors = wanted.get(shard)
+        if tensors is None:  # no index: the file's own tensors
+            total += layout.data_bytes
+            continue
+        missing = tensors - layout.tensors.keys()
         if missing:
-            return CheckResult("shards", FAIL, f"{shard} lacks {len(missing)} tensors the index puts there, "
-                               f"e.g. {sorted(missing)[0]}", "re-download the shard or fix the index")
-        total += sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items() if k in tensors)
-    if declared is not None and int(declared) != total:
-        return CheckResult("shards", WARN, f"the index declares {int(declared)} bytes of tensors, the shards hold "
+            lacking.append((shard, missing))
+        elif len(tensors) == len(layout.tensors):  # the usual case: the index names all of the shard's tensors
+            total += layout.data_bytes
+        else:
+            total += sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in layout.tensors.items()
+                         if k in tensors)
+    if bad:
+        names = [b["shard"] for b in bad]
+        reason, fix = bad[0]["problem"], f"re-download {names[0]}"
+        if len(bad) > 1:
+            reason += f"; {len(bad) - 1} more bad: {', '.join(names[1:4])}{', ...' if len(bad) > 4 else ''}"
+            fix += f" and the {len(bad) - 1} other(s)"
+        first = bad[0]
+        if first["actual_bytes"] is not None and first["actual_bytes"] < first["expected_bytes"]:
+            fix += " (an interrupted download leaves a short file)"
+        return CheckResult("shards", FAIL, reason, fix, details={"bad_shards": bad})
+    if lacking:
+        shard, missing = lacking[0]
+        return CheckResult("shards", FAIL, f"{shard} lacks {len(missing)} tensors the index puts there, "
+                           f"e.g. {sorted(missing)[0]}"
+                           + (f"; {len(lacking) - 1} more shards lack tensors" if len(lacking) > 1 else ""),
+                           "re-download the shard or fix the index", details={"lacking": {
+                               s: sorted(m)[:5] for s, m in lacking}})
+    if info.index is None:
+        return CheckResult("shards", PASS, f"{len(info.shards)} safetensors file(s), no index, "
+                           f"{total / 1e9:.2f} GB of tensors, sizes match their headers",
+                           details={"tensor_bytes": total})
+    declared = info.index.total_size
+    if declared is not None and declared != total:
+        return CheckResult("shards", WARN, f"the index declares {declared} bytes of tensors, the shards hold "
                            f"{total}", "check the download; some exporters round total_size")
-    return CheckResult("shards", PASS, f"{len(by_shard)} shards, {total / 1e9:.2f} GB of tensors, index consistent",
-                       details={"tensor_bytes": total})
-
-
-def _read_header(path: Path) -> dict[str, Any]:
-    with open(path, "rb") as f:
-        (length,) = struct.unpack("<Q", f.read(8))
-        if length > 100_000_000:
-            raise ValueError("implausible header length")
-        return json.loads(f.read(length))
+    return CheckResult("shards", PASS, f"{len(info.shards)} shards, {total / 1e9:.2f} GB of tensors, sizes match "
+                       "their headers, index consistent", details={"tensor_bytes": total})
 
 
 def check_layers(ctx: Context) -> list[CheckResult]:
@@ -167,7 +190,10 @@ def check_parallelism(ctx: Context) -> list[CheckResult]:
                            + (f", {ctx.visible_gpus} GPUs visible" if ctx.visible_gpus is not None else ""))]
     text = info.text_config
     moe = text.get("moe_intermediate_size")
-    if moe and int(moe) % ctx.cfg.tp_size:
+    if moe is not None and (type(moe) is not int or moe < 0):
+        results.append(CheckResult("MoE split", FAIL, f"config.json has moe_intermediate_size {moe!r}, not a whole "
+                                   "number", "fix the model's config.json"))
+    elif moe and moe % ctx.cfg.tp_size:
         results.append(CheckResult("MoE split", FAIL, f"moe_intermediate_size {moe} is not divisible by --tp-size "
                                    f"{ctx.cfg.tp_size}", "choose a TP size that divides it"))
     return results
