@@ -1,20 +1,27 @@
 """The output folder: ``hs_{id}.safetensors`` per sample, ``manifest.json``, ``events.jsonl``.
 
 Each sample file holds ``hidden_states [seq, n_layers, hidden]`` (model dtype), ``token_ids [seq]`` (int64) and
-``loss_mask [seq]`` (int8): the layout the speculators EAGLE-3 trainer reads. Files are written atomically
-(temporary name, fsync, rename), so a file under its final name is complete; resuming checks each one's header
-against the manifest before skipping its sample.
+``loss_mask [seq]`` (int8): the layout the speculators EAGLE-3 trainer reads; the header's ``__metadata__`` holds
+the sha256 of the token ids and loss mask (``SAMPLE_HASH_KEY``). Files are written atomically (temporary name,
+fsync, rename; the temporary file is removed when a write fails), so a file under its final name is complete;
+resuming checks each one's header against the manifest, and its hash against the prepared sample of the same id,
+before skipping its sample.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
+import math
 import os
 import shutil
 import struct
+import sys
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from eaglewatch import __version__
 from eaglewatch.errors import UserError
@@ -25,10 +32,33 @@ EVENTS = "events.jsonl"
 IDENTITY_FIELDS = ("model_config_hash", "layer_ids", "dtype", "max_seq_len")
 SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "I64": "int64", "I8": "int8",
                       "F64": "float64", "I32": "int32", "U8": "uint8", "BOOL": "bool", "F8_E4M3": "fp8"}
+SAFETENSORS_ITEM_BYTES = {"F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I8": 1, "F64": 8, "I32": 4, "U8": 1, "BOOL": 1,
+                          "F8_E4M3": 1}
+# The sample file's ``__metadata__`` key holding the hash of its token ids and loss mask (``sample_hash``): resume
+# compares it with the prepared data's sample of the same id, so that changed data is never taken for done work.
+SAMPLE_HASH_KEY = "eaglewatch_sample_sha256"
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
 def sample_path(output_dir: str | Path, sample_id: str) -> Path:
     return Path(output_dir) / f"hs_{sample_id}.safetensors"
+
+
+def _hash_raw(token_ids: bytes, loss_mask: bytes) -> str:
+    """sha256 of a sample's ``token_ids`` (int64) and ``loss_mask`` (int8) as the file stores them (little-endian)."""
+    digest = hashlib.sha256(b"eaglewatch-sample/1\0")
+    digest.update(len(token_ids).to_bytes(8, "little"))
+    digest.update(token_ids)
+    digest.update(loss_mask)
+    return digest.hexdigest()
+
+
+def sample_hash(token_ids: Sequence[int], loss_mask: Sequence[int]) -> str:
+    """The hash a sample file of these token ids and this loss mask carries in its ``__metadata__``."""
+    ids, mask = array("q", token_ids), array("b", loss_mask)
+    if sys.byteorder == "big":
+        ids.byteswap()
+    return _hash_raw(ids.tobytes(), mask.tobytes())
 
 
 TORCH_TO_SAFETENSORS = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "float64": "F64", "int64": "I64",
@@ -47,29 +77,42 @@ def write_sample_file(path: str | Path, tensors: dict[str, Any], fsync: bool = T
     path = str(path)
     names = sorted(tensors)
     buffers = []
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    metadata = {"format": "pt"}
+    header: dict[str, Any] = {"__metadata__": metadata}
     offset = 0
+    raw_of: dict[str, Any] = {}
     for name in names:
         tensor = tensors[name].detach().contiguous()
         dtype = TORCH_TO_SAFETENSORS[str(tensor.dtype).removeprefix("torch.")]
         raw = tensor.reshape(-1).view(torch_uint8()).numpy() if tensor.numel() else b""
         header[name] = {"dtype": dtype, "shape": list(tensor.shape), "data_offsets": [offset, offset + len(raw)]}
         buffers.append(raw)
+        raw_of[name] = (dtype, raw)
         offset += len(raw)
+    if raw_of.get("token_ids", ("",))[0] == "I64" and raw_of.get("loss_mask", ("",))[0] == "I8":
+        metadata[SAMPLE_HASH_KEY] = _hash_raw(bytes(raw_of["token_ids"][1]), bytes(raw_of["loss_mask"][1]))
     head = json.dumps(header, separators=(",", ":")).encode()
     head += b" " * (-len(head) % 8)
     tmp = f"{path}.tmp.{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        for chunk in (struct.pack("<Q", len(head)), head, *buffers):
-            view = memoryview(chunk).cast("B")
-            while view:
-                view = view[os.write(fd, view):]
-        if fsync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            for chunk in (struct.pack("<Q", len(head)), head, *buffers):
+                view = memoryview(chunk).cast("B")
+                while view:
+                    view = view[os.write(fd, view):]
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        # A full disk (or any failure) leaves nothing behind: no partial file under any name, and the space back.
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
     return 8 + len(head) + offset
 
 
@@ -86,14 +129,44 @@ def read_header(path: str | Path) -> dict[str, Any]:
         if len(head) < 8:
             raise ValueError("file is shorter than a safetensors header")
         (length,) = struct.unpack("<Q", head)
-        if length > 100_000_000:
-            raise ValueError("implausible safetensors header length")
-        header = json.loads(f.read(length))
         size = os.fstat(f.fileno()).st_size
-    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+        if length > 100_000_000 or 8 + length > size:
+            raise ValueError(f"implausible safetensors header length {length} in a file of {size} bytes")
+        try:
+            header = json.loads(f.read(length))
+        except ValueError as exc:
+            raise ValueError(f"the safetensors header is not valid JSON ({exc})") from None
+    end = _check_header_layout(header)
     if 8 + length + end != size:
         raise ValueError(f"file is {size} bytes but its header describes {8 + length + end}")
     return header
+
+
+def _check_header_layout(header: Any) -> int:
+    """Raise ValueError unless ``header`` is a well-formed safetensors header; return where its data ends."""
+    if not isinstance(header, dict):
+        raise ValueError(f"the safetensors header is a JSON {type(header).__name__}, not an object")
+    meta = header.get("__metadata__", {})
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise ValueError("the safetensors __metadata__ is not a map of strings")
+    end = 0
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        if not isinstance(entry, dict):
+            raise ValueError(f"tensor {name!r}: its header entry is not an object")
+        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if not isinstance(dtype, str) or dtype not in SAFETENSORS_ITEM_BYTES:
+            raise ValueError(f"tensor {name!r}: unknown dtype {dtype!r}")
+        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+            raise ValueError(f"tensor {name!r}: shape {shape!r} is not a list of sizes")
+        if (not isinstance(offsets, list) or len(offsets) != 2 or not all(isinstance(o, int) for o in offsets)
+                or not 0 <= offsets[0] <= offsets[1]):
+            raise ValueError(f"tensor {name!r}: data_offsets {offsets!r} are not [begin, end]")
+        if offsets[1] - offsets[0] != math.prod(shape) * SAFETENSORS_ITEM_BYTES[dtype]:
+            raise ValueError(f"tensor {name!r}: {offsets[1] - offsets[0]} bytes of data for shape {shape} {dtype}")
+        end = max(end, offsets[1])
+    return end
 
 
 @dataclass(frozen=True)
@@ -102,6 +175,8 @@ class ExpectedSample:
     num_layers: int
     hidden_size: int
     dtype: str
+    # ``sample_hash`` of the prepared sample: a file of other token ids or another loss mask is not this sample.
+    sample_hash: str | None = None
 
 
 def check_sample_header(header: dict[str, Any], expected: ExpectedSample) -> str | None:
@@ -127,21 +202,72 @@ def check_sample_header(header: dict[str, Any], expected: ExpectedSample) -> str
     return None
 
 
-def is_complete(path: Path, expected: ExpectedSample) -> bool:
+def stored_sample_hash(path: Path, header: dict[str, Any]) -> str | None:
+    """The ``sample_hash`` of what the file holds: from its metadata, or (files written without it) computed from
+    its ``token_ids`` and ``loss_mask`` tensors. None when they are not int64 and int8."""
+    recorded = header.get("__metadata__", {}).get(SAMPLE_HASH_KEY)
+    if recorded:
+        return str(recorded)
+    ids, mask = header.get("token_ids"), header.get("loss_mask")
+    if not ids or not mask or ids.get("dtype") != "I64" or mask.get("dtype") != "I8":
+        return None
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        f.seek(8 + length + ids["data_offsets"][0])
+        raw_ids = f.read(ids["data_offsets"][1] - ids["data_offsets"][0])
+        f.seek(8 + length + mask["data_offsets"][0])
+        raw_mask = f.read(mask["data_offsets"][1] - mask["data_offsets"][0])
+    return _hash_raw(raw_ids, raw_mask)
+
+
+# What resume finds for a sample (``sample_status``).
+MISSING, INCOMPLETE, CHANGED, COMPLETE = "missing", "incomplete", "changed", "complete"
+
+
+def sample_status(path: Path, expected: ExpectedSample) -> str:
+    """``complete`` (the file is this sample, whole), ``changed`` (a whole file of other token ids or loss mask),
+    ``incomplete`` (unreadable, or of another shape, dtype or layer count) or ``missing``."""
     try:
-        return check_sample_header(read_header(path), expected) is None
+        header = read_header(path)
+    except FileNotFoundError:
+        return MISSING
     except (OSError, ValueError, KeyError, TypeError):
-        return False
-
-
-def read_manifest_file(path: str | Path) -> dict[str, Any] | None:
-    path = Path(path)
+        return INCOMPLETE
+    if check_sample_header(header, expected) is not None:
+        return INCOMPLETE
+    if expected.sample_hash is None:
+        return COMPLETE
     try:
-        return json.loads(path.read_text())
+        stored = stored_sample_hash(path, header)
+    except OSError:
+        return INCOMPLETE
+    return COMPLETE if stored == expected.sample_hash else CHANGED
+
+
+def is_complete(path: Path, expected: ExpectedSample) -> bool:
+    return sample_status(path, expected) == COMPLETE
+
+
+def read_manifest_file(path: str | Path, fix: str = "move it away or use --force-new") -> dict[str, Any] | None:
+    """The manifest at ``path`` (None when there is none); a damaged one is a UserError ending in ``fix``."""
+    path = Path(path)
+    tail = f"; {fix}" if fix else ""
+    try:
+        raw = path.read_bytes()
     except FileNotFoundError:
         return None
+    except IsADirectoryError:
+        raise UserError(f"{path} is a folder, not a manifest file{tail}") from None
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror or exc}{tail}") from None
+    try:
+        manifest = json.loads(raw)
     except ValueError as exc:
-        raise UserError(f"{path} is not valid JSON ({exc}); move it away or use --force-new") from None
+        raise UserError(f"{path} is not valid JSON ({exc}){tail}") from None
+    if not isinstance(manifest, dict):
+        raise UserError(f"{path} is not an eaglewatch manifest (a JSON {type(manifest).__name__}, not an object)"
+                        f"{tail}")
+    return manifest
 
 
 def read_manifest(output_dir: str | Path) -> dict[str, Any] | None:
@@ -149,11 +275,15 @@ def read_manifest(output_dir: str | Path) -> dict[str, Any] | None:
 
 
 def write_manifest_file(path: str | Path, manifest: dict[str, Any]) -> None:
-    """Replace the manifest atomically, so a reader never sees half of it."""
+    """Replace the manifest atomically, so a reader never sees half of it (nor a half-written one, disk full)."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def check_resume(existing: dict[str, Any], wanted: dict[str, Any], output_dir: Path) -> None:
@@ -171,27 +301,84 @@ def check_resume(existing: dict[str, Any], wanted: dict[str, Any], output_dir: P
         )
 
 
-def clear_outputs(output_dir: Path, manifest_name: str = MANIFEST) -> int:
+def clear_outputs(output_dir: Path, manifest_name: str = MANIFEST, sample_ids: Iterable[str] | None = None) -> int:
     """Delete an earlier extraction's sample files and manifest (for --force-new); return how many.
 
-    The events file is kept: it is the folder's history, and this run appends to it.
+    ``sample_ids`` limits it to those samples' files (one rank's share: the other ranks' files are theirs). The
+    events file is kept: it is the folder's history, and this run appends to it.
     """
+    paths = _sample_files(output_dir, sample_ids, lambda name, final: True)
+    manifest = output_dir / manifest_name
+    if manifest.is_dir():
+        raise UserError(f"{manifest} is a folder, not a manifest file; move it away")
     removed = 0
-    for path in [*output_dir.glob("hs_*.safetensors*"), output_dir / manifest_name]:
-        if path.exists():
+    for path in [*paths, manifest]:
+        try:
             path.unlink()
             removed += 1
+        except FileNotFoundError:
+            pass
+        except IsADirectoryError:
+            raise UserError(f"{path} is a folder where a sample file goes; move it away") from None
     return removed
 
 
-def check_writable(output_dir: Path) -> None:
+def _sample_files(output_dir: Path, sample_ids: Iterable[str] | None, keep: Any) -> list[Path]:
+    """Files of the folder that belong to a sample (its file, temporaries, ``.failed`` marker), in one listing;
+    ``keep(name, final_name)`` chooses among them, ``sample_ids`` (when given) limits them to those samples."""
+    wanted = None if sample_ids is None else {sample_path(output_dir, sid).name for sid in sample_ids}
+    found = []
+    for name in sorted(os.listdir(output_dir)):
+        if not name.startswith("hs_") or ".safetensors" not in name:
+            continue
+        final = name[: name.index(".safetensors") + len(".safetensors")]
+        if (wanted is None or final in wanted) and keep(name, final):
+            found.append(output_dir / name)
+    return found
+
+
+def prepare_folder(output_dir: Path) -> None:
+    """Make sure ``output_dir`` is a folder (creating it), or say clearly why it cannot be one."""
+    if os.path.lexists(output_dir) and not output_dir.is_dir():
+        if output_dir.is_symlink():
+            raise UserError(f"output folder {output_dir} is a symbolic link that leads to no folder "
+                            f"(it points to {os.readlink(output_dir)!r}, missing or a loop)")
+        raise UserError(f"output folder {output_dir} is a file, not a folder")
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        where = f" at {exc.filename}" if exc.filename and str(exc.filename) != str(output_dir) else ""
+        raise UserError(f"output folder {output_dir} is not writable: cannot create it "
+                        f"({exc.strerror or exc}{where})") from None
+
+
+def check_writable(output_dir: Path) -> None:
+    prepare_folder(output_dir)
+    try:
         probe = output_dir / f".eaglewatch-write-test.{os.getpid()}"
         probe.write_bytes(b"ok")
         probe.unlink()
     except OSError as exc:
         raise UserError(f"output folder {output_dir} is not writable: {exc.strerror or exc}") from None
+
+
+def filesystem_of(path: Path) -> str:
+    """The mount point holding ``path`` (what a "disk full" message names)."""
+    current = Path(os.path.abspath(path))
+    while not os.path.ismount(current) and current != current.parent:
+        current = current.parent
+    return str(current)
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """An error of a full filesystem (or quota): OSError, or an engine's write failure that carries its errno."""
+    return getattr(exc, "errno", None) in DISK_FULL_ERRNOS
+
+
+def describe_os_error(exc: OSError) -> str:
+    """One line for an OSError about a path the user gave (permissions, a loop of links, a folder for a file)."""
+    where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
+    return f"{where}: {exc.strerror or exc}" if where else str(exc.strerror or exc)
 
 
 def check_free_space(output_dir: Path, needed_bytes: int, margin: float = 1.05) -> int:
@@ -208,6 +395,9 @@ def base_manifest(**fields: Any) -> dict[str, Any]:
     return {"format": "eaglewatch-hidden-states/1", "eaglewatch_version": __version__, **fields}
 
 
-def stale_temporaries(output_dir: Path) -> Iterable[Path]:
-    """Temporary files left by a killed writer; never under a final name, safe to delete on resume."""
-    return output_dir.glob("hs_*.safetensors.tmp.*")
+def stale_temporaries(output_dir: Path, sample_ids: Iterable[str] | None = None) -> list[Path]:
+    """Temporary files left by a killed writer, and the ``.failed`` markers of an earlier run's failed writes (a
+    resumed run writes those samples again); never under a final name, safe to delete on resume by the folder's
+    lock holder. ``sample_ids`` limits them to those samples' (one rank's share)."""
+    return _sample_files(output_dir, sample_ids,
+                         lambda name, final: name.startswith(final + ".tmp.") or name == final + ".failed")

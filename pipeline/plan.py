@@ -8,6 +8,8 @@ and ``preflight`` build on this module; it imports neither, and no engine.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import math
 import os
 from dataclasses import dataclass, field
@@ -17,9 +19,10 @@ from typing import Any
 from eaglewatch.errors import UserError
 from eaglewatch.pipeline import model_info as mi
 from eaglewatch.pipeline import output
-from eaglewatch.pipeline.engines.options import EngineOptions, add_engine_arguments
+from eaglewatch.pipeline.engines.options import EngineOptions, add_engine_arguments, at_least
 from eaglewatch.pipeline.flags import add_flags, flag, from_args
-from eaglewatch.pipeline.prepared_data import LONG_POLICIES, DataReport, Sample, load_prepared
+from eaglewatch.pipeline.output_lock import OutputLock
+from eaglewatch.pipeline.prepared_data import LONG_POLICIES, DataReport, Sample, iter_prepared, load_prepared
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,6 +45,19 @@ class ExtractConfig(EngineOptions):
     no_preflight: bool = flag(False, "skip the preflight checks and the miniature", action="store_true")
     no_miniature: bool = flag(False, "run the preflight checks but not the miniature", action="store_true")
     miniature_samples: int = flag(4, "samples the miniature runs (default 4)", type=int)
+
+    def problems(self) -> list[str]:
+        found = super().problems()
+        found += [p for p in (at_least("--batch-size", self.batch_size, 1),
+                              at_least("--max-samples", self.max_samples, 1),
+                              at_least("--world-size", self.world_size, 1),
+                              at_least("--miniature-samples", self.miniature_samples, 1)) if p]
+        if self.world_size >= 1 and not 0 <= self.rank < self.world_size:
+            found.append(f"--rank {self.rank} must be in 0..{self.world_size - 1} for --world-size {self.world_size}")
+        for name in ("model_path", "prepared_data", "output_dir"):
+            if not str(getattr(self, name)).strip():
+                found.append(f"--{name.replace('_', '-')} is empty")
+        return found
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "ExtractConfig":
@@ -89,14 +105,18 @@ class Plan:
     total_tokens: int
     bytes_per_token: int
     warnings: list[str] = field(default_factory=list)
+    # Samples whose files hold other token ids or another loss mask than the prepared data: extracted again.
+    changed: list[Sample] = field(default_factory=list)
+    # The folder's manifest as this run found it (None: none, or --force-new).
+    existing_manifest: dict[str, Any] | None = None
+    # This run selects part of what the folder's manifest describes: the manifest is left as it is.
+    narrower: bool = False
 
 
 def check_parallelism(info: mi.ModelInfo, cfg: ExtractConfig, visible_gpus: int | None) -> None:
+    """``--tp-size`` against the model's heads and the visible GPUs (the options' own ranges are checked when the
+    config is made)."""
     tp = cfg.tp_size
-    if tp < 1:
-        raise UserError("--tp-size must be at least 1")
-    if cfg.engine == "hf" and tp != 1:
-        raise UserError("the hf engine runs on one device; use --tp-size 1 or --engine vllm")
     if info.num_attention_heads % tp:
         raise UserError(f"--tp-size {tp} does not divide the model's {info.num_attention_heads} attention heads")
     kv = info.num_key_value_heads
@@ -105,10 +125,6 @@ def check_parallelism(info: mi.ModelInfo, cfg: ExtractConfig, visible_gpus: int 
     if visible_gpus is not None and tp > visible_gpus:
         raise UserError(f"--tp-size {tp} needs {tp} GPUs, but {visible_gpus} are visible "
                         f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
-    if not 0 <= cfg.rank < cfg.world_size:
-        raise UserError(f"--rank {cfg.rank} must be in 0..{cfg.world_size - 1} for --world-size {cfg.world_size}")
-    if cfg.batch_size < 1:
-        raise UserError("--batch-size must be at least 1")
 
 
 def shard_for_rank(samples: list[Sample], rank: int, world_size: int) -> list[Sample]:
@@ -130,12 +146,74 @@ def read_data(cfg: ExtractConfig, info: mi.ModelInfo) -> DataReport:
                          long_samples=cfg.long_samples, max_samples=cfg.max_samples)
 
 
+def selection(cfg: ExtractConfig) -> dict[str, Any]:
+    """What a run selects of the data; the manifest keeps it, and ``verify`` checks the folder against it."""
+    return {"prepared_data": str(Path(cfg.prepared_data).resolve()), "max_samples": cfg.max_samples,
+            "rank": cfg.rank, "world_size": cfg.world_size}
+
+
+def _selected_ids(manifest: dict[str, Any], cfg: ExtractConfig, report: DataReport) -> set[str] | None:
+    """The ids an earlier run's manifest selects, or None when that can no longer be known (its data is gone, or
+    the manifest does not say)."""
+    path, limit = manifest.get("prepared_data"), manifest.get("max_samples")
+    rank, world = manifest.get("rank", 0), manifest.get("world_size", 1)
+    if (not isinstance(path, str) or not (limit is None or isinstance(limit, int) and limit >= 1)
+            or not isinstance(rank, int) or not isinstance(world, int) or not 0 <= rank < world):
+        return None
+    if path == selection(cfg)["prepared_data"] and (cfg.max_samples is None
+                                                    or (limit is not None and limit <= cfg.max_samples)):
+        pool = report.samples[:limit]  # this run read that much of the same file already
+    else:
+        try:
+            lines = iter_prepared(path)
+            pool = list(itertools.islice(lines, limit))
+            lines.close()
+        except UserError:
+            return None
+    return {s.id for s in shard_for_rank(pool, rank, world)}
+
+
+def _is_narrower(existing: dict[str, Any], cfg: ExtractConfig, report: DataReport, samples: list[Sample],
+                 out: Path) -> bool:
+    """Whether this run selects a strict part of what the folder's manifest describes (then the manifest stays).
+
+    A run that would leave out samples the folder holds files for, without selecting a part of the folder's
+    selection, is refused: the folder would then describe only part of what it holds."""
+    old = {k: existing.get(k, default) for k, default in
+           (("prepared_data", None), ("max_samples", None), ("rank", 0), ("world_size", 1))}
+    new = selection(cfg)
+    if old == new:
+        return False
+    if (old["prepared_data"] == new["prepared_data"] and old["world_size"] == new["world_size"] == 1
+            and cfg.max_samples is not None and len(report.samples) == cfg.max_samples
+            and (old["max_samples"] is None
+                 or isinstance(old["max_samples"], int) and old["max_samples"] > cfg.max_samples)):
+        return True  # the first N samples of the file the folder holds more of: no need to read it again
+    old_ids = _selected_ids(existing, cfg, report)
+    if old_ids is None:
+        return False
+    new_ids = {s.id for s in samples}
+    if new_ids < old_ids:
+        return True
+    outside = sorted(i for i in old_ids - new_ids if output.sample_path(out, i).exists())
+    if outside:
+        limit = f"the first {old['max_samples']} samples of " if old["max_samples"] else ""
+        share = f"rank {old['rank']} of {old['world_size']}'s share of " if old["world_size"] != 1 else ""
+        raise UserError(
+            f"{out} holds {len(outside)} samples this run does not select (e.g. "
+            f"{output.sample_path(out, outside[0]).name}; the folder was extracted from {share}{limit}"
+            f"{old['prepared_data']}): use data and --max-samples that include them, another --output-dir, "
+            "or --force-new to start over")
+    return False
+
+
 def make_plan(cfg: ExtractConfig, visible_gpus: int | None = None, *, info: mi.ModelInfo | None = None,
-              data: DataReport | None = None) -> Plan:
+              data: DataReport | None = None, lock: OutputLock | None = None) -> Plan:
     """Validate ``cfg`` and work out the batches still to run. ``info`` and ``data`` are the model folder and the
     prepared data when preflight already read them; otherwise they are read here.
 
-    With ``--force-new`` this deletes the earlier outputs, and it always removes a killed writer's temporaries."""
+    With ``--force-new`` this deletes the earlier outputs, and it always removes a killed writer's temporaries:
+    both only while holding the folder's lock (``lock``, held by the caller; else taken here for the while)."""
     info = info if info is not None else mi.load_model_info(cfg.model_path)
     dtype = mi.normalise_dtype(cfg.dtype or info.dtype)
     layer_ids = mi.check_layer_ids(cfg.layer_ids or mi.default_layer_ids(info.num_hidden_layers),
@@ -148,32 +226,66 @@ def make_plan(cfg: ExtractConfig, visible_gpus: int | None = None, *, info: mi.M
                         f"({len(report.samples)} in all)")
     out = cfg.output_path
     output.check_writable(out)
-
-    wanted = identity(info, layer_ids, dtype, cfg.max_seq_len)
-    existing = output.read_manifest_file(out / cfg.manifest_name)
-    if cfg.force_new:
-        output.clear_outputs(out, cfg.manifest_name)
-    elif existing is not None:
-        output.check_resume(existing, wanted, out)
-    for stale in output.stale_temporaries(out):
-        stale.unlink(missing_ok=True)
-
-    batches = [samples[i : i + cfg.batch_size] for i in range(0, len(samples), cfg.batch_size)]
-    hidden = info.hidden_size
-    todo = [
-        b for b, batch in enumerate(batches)
-        if not all(output.is_complete(output.sample_path(out, s.id),
-                                      output.ExpectedSample(s.num_tokens, len(layer_ids), hidden, dtype))
-                   for s in batch)
-    ]
-    per_token = mi.bytes_per_token(len(layer_ids), hidden, dtype)
-    remaining_tokens = sum(s.num_tokens for b in todo for s in batches[b])
-    output.check_free_space(out, remaining_tokens * per_token)
-    plan = Plan(info=info, layer_ids=layer_ids, dtype=dtype, samples=samples, batches=batches, todo=todo,
-                output_dir=out, manifest_name=cfg.manifest_name, events_name=cfg.events_name,
-                truncated=report.truncated, total_tokens=sum(s.num_tokens for s in samples),
-                bytes_per_token=per_token)
+    held = lock if lock is not None and lock.held else OutputLock(out, cfg.rank, cfg.world_size)
+    with contextlib.nullcontext() if held is lock else held:
+        plan = _plan_folder(cfg, info, layer_ids, dtype, report, samples, out)
     if report.truncated:
         plan.warnings.append(f"{report.truncated} samples were longer than --max-seq-len {cfg.max_seq_len} "
                              "and were truncated")
     return plan
+
+
+def _plan_folder(cfg: ExtractConfig, info: mi.ModelInfo, layer_ids: list[int], dtype: str, report: DataReport,
+                 samples: list[Sample], out: Path) -> Plan:
+    """The part of planning that reads (and, for --force-new and leftovers, deletes) in the output folder."""
+    share = [s.id for s in samples] if cfg.world_size > 1 else None  # ranks touch their own share only
+    existing = None
+    narrower = False
+    if cfg.force_new:
+        output.clear_outputs(out, cfg.manifest_name, share)
+    else:
+        existing = output.read_manifest_file(out / cfg.manifest_name)
+        if existing is not None:
+            output.check_resume(existing, identity(info, layer_ids, dtype, cfg.max_seq_len), out)
+            narrower = _is_narrower(existing, cfg, report, samples, out)
+    hidden = info.hidden_size
+    status: dict[str, str] = {}
+    for s in samples:
+        path = output.sample_path(out, s.id)
+        expected = output.ExpectedSample(s.num_tokens, len(layer_ids), hidden, dtype,
+                                         output.sample_hash(s.input_ids, s.loss_mask))
+        status[s.id] = output.sample_status(path, expected)
+        if status[s.id] == output.INCOMPLETE and path.is_dir():
+            raise UserError(f"{path} is a folder where this sample's file goes; move it away")
+    changed = [s for s in samples if status[s.id] == output.CHANGED]
+    if changed:
+        _check_changed(changed, sum(v == output.COMPLETE for v in status.values()), narrower, cfg, out)
+    for stale in output.stale_temporaries(out, share):  # only once the run is sure to go ahead
+        stale.unlink(missing_ok=True)
+
+    batches = [samples[i : i + cfg.batch_size] for i in range(0, len(samples), cfg.batch_size)]
+    todo = [b for b, batch in enumerate(batches) if any(status[s.id] != output.COMPLETE for s in batch)]
+    per_token = mi.bytes_per_token(len(layer_ids), hidden, dtype)
+    remaining_tokens = sum(s.num_tokens for b in todo for s in batches[b])
+    output.check_free_space(out, remaining_tokens * per_token)
+    return Plan(info=info, layer_ids=layer_ids, dtype=dtype, samples=samples, batches=batches, todo=todo,
+                output_dir=out, manifest_name=cfg.manifest_name, events_name=cfg.events_name,
+                truncated=report.truncated, total_tokens=sum(s.num_tokens for s in samples),
+                bytes_per_token=per_token, changed=changed, existing_manifest=existing, narrower=narrower)
+
+
+def _check_changed(changed: list[Sample], unchanged: int, narrower: bool, cfg: ExtractConfig, out: Path) -> None:
+    """Samples of the same id whose token ids or loss mask changed are extracted again, unless the change looks
+    like other data altogether (most of the files that are there), or this run covers only part of the folder."""
+    first = changed[0]
+    example = (f"e.g. {output.sample_path(out, first.id).name}, line {first.line_no} of {cfg.prepared_data}")
+    if narrower:
+        raise UserError(
+            f"{len(changed)} samples in {out} hold other token ids or loss masks than this run's data ({example}), "
+            "and this run selects only part of the folder's data: run it over the data the folder was extracted "
+            "from (its manifest names it), or use --force-new to start over")
+    if 2 * len(changed) > len(changed) + unchanged:
+        raise UserError(
+            f"{out} was extracted from other data: {len(changed)} of its {len(changed) + unchanged} files for this "
+            f"run's samples hold other token ids or loss masks than the prepared data has for the same ids "
+            f"({example}). Use another --output-dir, or --force-new to delete them and start over.")

@@ -7,7 +7,9 @@ and the line, and is found before any model is loaded.
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Generator
@@ -43,6 +45,8 @@ def _parse_line(path: Path, line_no: int, line: str) -> Sample:
         record = json.loads(line)
     except ValueError as exc:
         raise UserError(f"{where}: not valid JSON ({exc.args[0] if exc.args else exc})") from None
+    except RecursionError:
+        raise UserError(f"{where}: not a prepared sample (JSON nested too deeply)") from None
     if not isinstance(record, dict):
         raise UserError(f"{where}: expected a JSON object, got {type(record).__name__}")
     missing = [k for k in ("id", "input_ids", "loss_mask") if k not in record]
@@ -66,15 +70,30 @@ def _parse_line(path: Path, line_no: int, line: str) -> Sample:
 def iter_prepared(path: str | Path) -> Generator[Sample, None, None]:
     path = Path(path)
     try:
-        handle = open(path, encoding="utf-8")
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            kind = "a folder" if path.is_dir() else "not a regular file (a pipe or device cannot be read twice)"
+            raise UserError(f"prepared data {path} is {kind}, not a JSONL file")
+        handle = open(path, "rb")
     except FileNotFoundError:
+        if path.is_symlink():
+            raise UserError(f"prepared data {path} is a symbolic link to {os.readlink(path)!r}, which does not "
+                            "exist") from None
         raise UserError(f"prepared data {path} does not exist") from None
-    except IsADirectoryError:
-        raise UserError(f"prepared data {path} is a folder, not a JSONL file") from None
+    except OSError as exc:
+        raise UserError(f"cannot read prepared data {path}: {exc.strerror or exc}") from None
     with handle:
-        for line_no, line in enumerate(handle, start=1):
-            if line.strip():
-                yield _parse_line(path, line_no, line)
+        line_no = 0
+        try:
+            for line_no, raw in enumerate(handle, start=1):
+                try:
+                    line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
+                except UnicodeDecodeError as exc:
+                    raise UserError(f"{path}:{line_no}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column "
+                                    f"{exc.start + 1})") from None
+                if line.strip():
+                    yield _parse_line(path, line_no, line)
+        except OSError as exc:
+            raise UserError(f"cannot read prepared data {path} after line {line_no}: {exc.strerror or exc}") from None
 
 
 def load_prepared(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import sys
 from dataclasses import asdict, dataclass, field
@@ -19,6 +20,7 @@ from typing import Any
 
 from eaglewatch.errors import UserError
 from eaglewatch.pipeline import output
+from eaglewatch.pipeline.output_lock import describe_writers
 from eaglewatch.pipeline.plan import shard_for_rank
 from eaglewatch.pipeline.prepared_data import Sample, iter_prepared
 
@@ -34,6 +36,7 @@ class VerifyReport:
     ok: int = 0
     missing: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # "hs_x.safetensors: why"
+    notes: list[str] = field(default_factory=list)  # what was not checked, and why
     against_hf: dict[str, Any] | None = None
 
     @property
@@ -42,21 +45,44 @@ class VerifyReport:
         return not self.problems and not self.missing and hf_ok
 
 
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more (got {value})")
+    return value
+
+
+def _tolerance(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < math.inf:  # also false for NaN
+        raise argparse.ArgumentTypeError(f"must be a finite number, 0 or more (got {text})")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("output_dir", help="the folder `eaglewatch extract` wrote")
     parser.add_argument("--prepared-data", default=None, help="default: the path in the manifest")
-    parser.add_argument("--against-hf", type=int, default=0, metavar="N",
+    parser.add_argument("--against-hf", type=_count, default=0, metavar="N",
                         help="recompute N random samples with the transformers engine and compare")
-    parser.add_argument("--tolerance", type=float, default=None,
+    parser.add_argument("--tolerance", type=_tolerance, default=None,
                         help="largest accepted |diff| / max|value| against HF (default by dtype)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-finite-check", action="store_true", help="skip reading tensors for NaN/Inf")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
+MANIFEST_FIX = "is this folder an eaglewatch output?"
+
+
 def _manifests(out: Path) -> list[dict[str, Any]]:
-    found = [output.read_manifest_file(p) for p in sorted(out.glob("manifest*.json"))]
-    manifests = [m for m in found if m]
+    manifests = []
+    for path in sorted(out.glob("manifest*.json")):
+        manifest = output.read_manifest_file(path, fix=MANIFEST_FIX)
+        if manifest is not None:
+            why = _manifest_problem(manifest)
+            if why:
+                raise UserError(f"{path} is not a usable eaglewatch manifest: {why}")
+            manifests.append(manifest)
     if not manifests:
         raise UserError(f"{out} has no manifest.json: is it an eaglewatch output folder?")
     keys = {json.dumps({k: m.get(k) for k in output.IDENTITY_FIELDS}, sort_keys=True) for m in manifests}
@@ -65,16 +91,48 @@ def _manifests(out: Path) -> list[dict[str, Any]]:
     return manifests
 
 
-def _expected_samples(manifests: list[dict[str, Any]], prepared: str | None) -> dict[str, Sample] | None:
-    path = prepared or manifests[0].get("prepared_data")
-    if not path or not Path(path).exists():
-        return None
+def _manifest_problem(m: dict[str, Any]) -> str | None:
+    """What a manifest lacks for verify to use it, or None."""
+    def whole(value: Any, low: int) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+    ids = m.get("layer_ids")
+    if not isinstance(ids, list) or not ids or not all(whole(i, 0) for i in ids):
+        return f"layer_ids is {ids!r}, not a list of layer numbers"
+    for key in ("hidden_size", "max_seq_len"):
+        if not whole(m.get(key), 1):
+            return f"{key} is {m.get(key)!r}, not a positive whole number"
+    if m.get("dtype") not in DEFAULT_TOLERANCE:
+        return f"dtype is {m.get('dtype')!r}, not one of {', '.join(DEFAULT_TOLERANCE)}"
+    world, rank = m.get("world_size", 1), m.get("rank", 0)
+    if not whole(world, 1) or not whole(rank, 0) or rank >= world:
+        return f"rank {rank!r} of world_size {world!r} is not a share"
+    if not (m.get("max_samples") is None or whole(m.get("max_samples"), 1)):
+        return f"max_samples is {m.get('max_samples')!r}"
+    if not isinstance(m.get("prepared_data"), (str, type(None))):
+        return f"prepared_data is {m.get('prepared_data')!r}, not a path"
+    return None
+
+
+def _expected_samples(manifests: list[dict[str, Any]], prepared: str | None,
+                      notes: list[str]) -> dict[str, Sample] | None:
+    """The samples the folder should hold, each manifest's selection of its data (None when no data is there to
+    compare with: then only the files themselves are checked, and ``notes`` says so)."""
+    if prepared is not None and not Path(prepared).exists():
+        raise UserError(f"prepared data {prepared} does not exist")
     max_len = int(manifests[0]["max_seq_len"])
-    samples = list(iter_prepared(path))[: manifests[0].get("max_samples")]
     wanted: dict[str, Sample] = {}
+    read: dict[str, list[Sample]] = {}
     for m in manifests:
+        path = prepared or m.get("prepared_data")
+        if not path or not Path(path).exists():
+            notes.append(f"the prepared data {path or '(not named in the manifest)'} is not there: token ids, loss "
+                         "masks and missing samples are not checked (pass --prepared-data)")
+            return None
+        if path not in read:
+            read[path] = list(iter_prepared(path))
         world, rank = int(m.get("world_size", 1)), int(m.get("rank", 0))
-        for s in shard_for_rank(samples, rank, world):
+        for s in shard_for_rank(read[path][: m.get("max_samples")], rank, world):
             wanted[s.id] = Sample(s.id, s.input_ids[:max_len], s.loss_mask[:max_len], s.line_no)
     return wanted
 
@@ -99,7 +157,13 @@ def check_file(path: Path, manifest: dict[str, Any], sample: Sample | None, fini
         return None
     from safetensors.torch import load_file
 
-    tensors = load_file(str(path))
+    try:
+        tensors = load_file(str(path))
+    except Exception as exc:  # safetensors' own error type: the data does not match the header
+        return f"unreadable: {str(exc).strip() or type(exc).__name__}"
+    recorded = header.get("__metadata__", {}).get(output.SAMPLE_HASH_KEY)
+    if recorded and recorded != output.sample_hash(tensors["token_ids"].tolist(), tensors["loss_mask"].tolist()):
+        return "its recorded sample hash does not match its token_ids and loss_mask (the file was altered)"
     if finite:
         import torch
 
@@ -146,8 +210,11 @@ def verify(output_dir: str | Path, *, prepared_data: str | None = None, against_
         raise UserError(f"{out} is not a folder")
     manifests = _manifests(out)
     manifest = manifests[0]
-    wanted = _expected_samples(manifests, prepared_data)
     report = VerifyReport()
+    writers = describe_writers(out)
+    if writers:
+        report.notes.append(f"{out} is being written by {'; '.join(writers)}: this checks it as it is now")
+    wanted = _expected_samples(manifests, prepared_data, report.notes)
     files = sorted(out.glob("hs_*.safetensors"))
     report.files = len(files)
     for path in files:
@@ -167,6 +234,9 @@ def verify(output_dir: str | Path, *, prepared_data: str | None = None, against_
     if against_hf:
         if wanted is None:
             raise UserError("--against-hf needs the prepared data (pass --prepared-data)")
+        if not isinstance(manifest.get("model_path"), str) or not Path(manifest["model_path"]).is_dir():
+            raise UserError(f"--against-hf needs the model, but the manifest's model_path "
+                            f"{manifest.get('model_path')!r} is not a folder")
         good = [wanted[p.name[3:-12]] for p in files if p.name[3:-12] in wanted]
         chosen = random.Random(seed).sample(good, min(against_hf, len(good)))
         report.against_hf = compare_with_hf(out, manifest, chosen, tolerance)
@@ -174,8 +244,13 @@ def verify(output_dir: str | Path, *, prepared_data: str | None = None, against_
 
 
 def run(args: argparse.Namespace) -> int:
-    report = verify(args.output_dir, prepared_data=args.prepared_data, against_hf=args.against_hf,
-                    tolerance=args.tolerance, seed=args.seed, finite=not args.no_finite_check)
+    try:
+        report = verify(args.output_dir, prepared_data=args.prepared_data, against_hf=args.against_hf,
+                        tolerance=args.tolerance, seed=args.seed, finite=not args.no_finite_check)
+    except OSError as exc:  # a path given that cannot be read (permissions, a loop of links)
+        raise UserError(output.describe_os_error(exc)) from None
+    for note in report.notes:
+        print(f"note: {note}", file=sys.stderr)
     if args.json:
         print(json.dumps({**asdict(report), "passed": report.passed}, indent=2))
     else:

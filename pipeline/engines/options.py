@@ -8,12 +8,25 @@ parser never imports an engine.
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass, fields
 
+from eaglewatch.errors import UserError
 from eaglewatch.pipeline import flags
 from eaglewatch.pipeline.flags import ArgumentAdder, flag
+from eaglewatch.pipeline.model_info import DTYPE_ALIASES
 
 ENGINES = ("vllm", "hf")
+# What the engines compute in (``--dtype``): fp8 and the like are weight formats, not activation dtypes.
+COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
+SEED_MAX = 2**32 - 1  # numpy's seeds, which vLLM sets from --seed
+
+
+def at_least(flag_name: str, value: int | None, low: int) -> str | None:
+    """The problem with an integer flag below ``low``, or None."""
+    if value is None or value >= low:
+        return None
+    return f"{flag_name} must be at least {low} (got {value})"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,6 +52,30 @@ class EngineOptions:
     engine_core_process: bool = flag(False, "run vLLM's engine core in its own process (faster scheduling, but "
                                             "files are no longer bit-identical across runs)", action="store_true")
     write_timeout: float = flag(600.0, "seconds to wait for a batch's files (default 600)", type=float)
+
+    def __post_init__(self) -> None:
+        problems = self.problems()
+        if problems:
+            raise UserError("; ".join(problems))
+
+    def problems(self) -> list[str]:
+        """Every option out of its range, one clear phrase each (checked before anything is read or written)."""
+        found = [p for p in (at_least("--tp-size", self.tp_size, 1), at_least("--max-seq-len", self.max_seq_len, 1),
+                             at_least("--kv-cache-memory-bytes", self.kv_cache_memory_bytes, 1)) if p]
+        if self.engine not in ENGINES:
+            found.append(f"--engine must be one of {', '.join(ENGINES)} (got {self.engine!r})")
+        elif self.engine == "hf" and self.tp_size > 1:
+            found.append("the hf engine runs on one device; use --tp-size 1 or --engine vllm")
+        if self.dtype is not None and DTYPE_ALIASES.get(self.dtype, self.dtype) not in COMPUTE_DTYPES:
+            found.append(f"--dtype must be one of {', '.join(COMPUTE_DTYPES)} (got {self.dtype!r})")
+        if not 0 < self.gpu_memory_utilization <= 1:  # also false for NaN
+            found.append(f"--gpu-memory-utilization is a share of each GPU's memory: more than 0, at most 1 "
+                         f"(got {self.gpu_memory_utilization})")
+        if not 0 <= self.seed <= SEED_MAX:
+            found.append(f"--seed must be in 0..{SEED_MAX} (got {self.seed})")
+        if not self.write_timeout > 0 or math.isnan(self.write_timeout):
+            found.append(f"--write-timeout must be a positive number of seconds (got {self.write_timeout})")
+        return found
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "EngineOptions":

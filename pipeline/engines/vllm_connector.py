@@ -202,8 +202,13 @@ class EaglewatchHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
                 done.synchronize()
             write_sample_file(path, {k: v.contiguous() for k, v in tensors.items()}, fsync=fsync)
         except BaseException as exc:  # the driver is waiting on this file: tell it why it will not come
-            with open(path + ".failed", "w") as f:
-                f.write(f"{type(exc).__name__}: {exc}\n")
+            # The partial file is gone already (write_sample_file removes it), which gives a full disk room for
+            # the message; should even that fail, the empty marker still tells the driver to stop waiting.
+            try:
+                with open(path + ".failed", "w") as f:
+                    f.write(f"{type(exc).__name__}: {exc}\n")
+            except OSError:
+                pass
             raise
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:

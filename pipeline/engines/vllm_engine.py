@@ -6,7 +6,10 @@ Prompts go in as token ids with ``max_tokens=1``; eaglewatch's KV connector (loa
 
 from __future__ import annotations
 
+import errno
 import os
+import re
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -20,7 +23,24 @@ CPU_DEFAULT_KV_CACHE_BYTES = 512 << 20
 
 
 class WriteFailed(RuntimeError):
-    """The connector could not write a sample file."""
+    """The connector could not write a sample file; ``errno`` is the OS error's number when it was one (a full disk
+    is ``ENOSPC``), read back from the ``.failed`` marker."""
+
+    def __init__(self, message: str, errno: int | None = None) -> None:
+        super().__init__(message)
+        self.errno = errno
+
+
+ERRNO_IN_MESSAGE = re.compile(r"\[Errno (\d+)\]")
+# Under this much free space, a write failure without a recorded reason is taken for a full disk.
+NEARLY_FULL_BYTES = 1 << 20
+
+
+def _nearly_full(folder: Path) -> bool:
+    try:
+        return shutil.disk_usage(folder).free < NEARLY_FULL_BYTES
+    except OSError:
+        return False
 
 
 def extraction_llm_kwargs(
@@ -139,7 +159,16 @@ class VLLMEngine:
             for path in pending:
                 failed = Path(f"{path}.failed")
                 if failed.exists():
-                    raise WriteFailed(f"writing {path.name} failed: {failed.read_text().strip()}")
+                    try:
+                        reason = failed.read_text(errors="replace").strip()
+                    except OSError:
+                        reason = ""
+                    number = ERRNO_IN_MESSAGE.search(reason)
+                    code = int(number.group(1)) if number else None
+                    if not reason and _nearly_full(path.parent):
+                        # A disk so full that not even the message fit into the marker.
+                        reason, code = "no reason recorded, and the filesystem is full", errno.ENOSPC
+                    raise WriteFailed(f"writing {path.name} failed: {reason or 'no reason recorded'}", code)
                 if not path.exists():
                     still.append(path)
             pending = still

@@ -6,7 +6,9 @@ import argparse
 import json
 import sys
 
-from eaglewatch.pipeline import plan
+from eaglewatch.errors import UserError
+from eaglewatch.pipeline import output, plan
+from eaglewatch.pipeline.output_lock import describe_writers
 
 HELP = "check an extraction in seconds (model, layers, TP, data, memory, disk, versions) and run a miniature"
 
@@ -19,8 +21,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from eaglewatch.pipeline.preflight import print_table, run_preflight
 
+    from eaglewatch.pipeline.preflight.checks import WARN, CheckResult
+
     cfg = plan.ExtractConfig.from_args(args)
-    report = run_preflight(cfg, miniature=not args.no_miniature, miniature_samples=args.miniature_samples)
+    try:
+        report = run_preflight(cfg, miniature=not args.no_miniature, miniature_samples=args.miniature_samples)
+    except OSError as exc:  # a path given that cannot be read (permissions, a loop of links)
+        raise UserError(output.describe_os_error(exc)) from None
+    writers = describe_writers(cfg.output_path) if cfg.output_path.is_dir() else []
+    if writers:
+        report.results.append(CheckResult(
+            "output folder", WARN, f"{cfg.output_path} is being written by {'; '.join(writers)}",
+            "extract refuses a folder another run writes: wait for that run or stop it"))
     if args.json:
         print(json.dumps({"passed": report.passed, "results": [r.as_dict() for r in report.results]}, indent=2))
     else:
