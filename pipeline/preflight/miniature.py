@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from eaglewatch.pipeline.engines import cpu_build_of_vllm
 from eaglewatch.pipeline.events import EVENTS_FILE_ENV
@@ -94,15 +94,20 @@ def write_mini_data(samples: Iterable[Sample], out: Path, vocab_size: int, count
 
 def run_miniature(cfg: ExtractConfig, info: ModelInfo, layer_ids: list[int], *, samples: int = 4,
                   workdir: str | None = None, keep: bool = False, timeout_s: float = 600,
-                  data: Iterable[Sample] | None = None) -> MiniatureResult:
+                  data: Iterable[Sample] | None = None,
+                  on_stage: Callable[[str], None] | None = None) -> MiniatureResult:
     """Build the miniature, extract with it in a subprocess, verify the output.
+
+    ``on_stage`` is told each stage as it starts (``building``, ``extracting``, ``verifying``), so that a watcher
+    can show a minute-long miniature moving.
 
     ``data`` is the run's samples when the caller has read the prepared data already; otherwise the first
     ``samples`` lines of ``cfg.prepared_data`` are read. Its folder (``workdir``, else a new one in the temporary
     directory) is removed when the miniature passes, unless ``keep``; after a failure or a warning it stays, and
     the result names it (``log_path``)."""
     base = Path(workdir or tempfile.mkdtemp(prefix="eaglewatch-miniature-"))
-    result = _run_miniature(cfg, info, layer_ids, base, samples=samples, timeout_s=timeout_s, data=data)
+    result = _run_miniature(cfg, info, layer_ids, base, samples=samples, timeout_s=timeout_s, data=data,
+                            on_stage=on_stage or (lambda stage: None))
     if result.status == "pass" and not keep:
         import shutil
 
@@ -115,8 +120,10 @@ def run_miniature(cfg: ExtractConfig, info: ModelInfo, layer_ids: list[int], *, 
 
 
 def _run_miniature(cfg: ExtractConfig, info: ModelInfo, layer_ids: list[int], base: Path, *, samples: int,
-                   timeout_s: float, data: Iterable[Sample] | None) -> MiniatureResult:
+                   timeout_s: float, data: Iterable[Sample] | None,
+                   on_stage: Callable[[str], None]) -> MiniatureResult:
     started = time.monotonic()
+    on_stage("building")
     depth, mapping = map_layer_ids(layer_ids, info.num_hidden_layers)
     base.mkdir(parents=True, exist_ok=True)
     on_cpu = cfg.engine == "hf" or cpu_build_of_vllm()
@@ -149,6 +156,7 @@ def _run_miniature(cfg: ExtractConfig, info: ModelInfo, layer_ids: list[int], ba
         argv.append("--trust-remote-code")
     env = {k: v for k, v in os.environ.items() if k != EVENTS_FILE_ENV}  # the miniature's events stay its own
     log_path = base / "miniature.log"
+    on_stage("extracting")
     with open(log_path, "wb") as log:
         try:
             code = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout_s).returncode
@@ -164,6 +172,7 @@ def _run_miniature(cfg: ExtractConfig, info: ModelInfo, layer_ids: list[int], ba
         root = decode_root_cause(log_path)
         summary = root["summary"] if root else f"extract exited with code {code}"
         return MiniatureResult("fail", f"the {where} failed: {summary}", mapping, elapsed, str(log_path), root)
+    on_stage("verifying")
     report = verify(base / "out", against_hf=1 if cfg.engine == "vllm" else 0)
     details = {"against_hf": report.against_hf} if report.against_hf else {}
     if report.problems or report.missing:
@@ -192,5 +201,5 @@ def decode_root_cause(log_path: Path) -> dict[str, Any] | None:
     if not failures:
         return None
     first = failures[0]
-    return {"summary": f"{first.summary} [{first.lanes_label()}]", "exc_type": first.first.exc_type,
+    return {"summary": f"{first.summary} [{first.lanes_label()}]", "exc_type": first.exc_type,
             "hint": first.hint.title if first.hint else None}
