@@ -38,7 +38,7 @@ T_START=$(date +%s)
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 REPO=${EW_REPO:-$REPO}
 mkdir -p "$W"
-# Not from the checkout's root: its eaglewatch/ (without pipeline/) would shadow the one laid out in /tmp/ew.
+# Not from the checkout's root, so that the copy laid out in /tmp/ew is the one imported.
 cd /tmp
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 VLLM_WORKER_MULTIPROC_METHOD=spawn
 # Keep NVLink multicast off on multi-GPU hosts that share their GPUs.
@@ -50,8 +50,8 @@ say() { echo "[gpu-run +$(( $(date +%s) - T_START ))s] $*"; }
 layout() {
     # The package maps pipeline/, tui/ and assets/ into eaglewatch/; lay that out instead of installing.
     rm -rf /tmp/ew.new && mkdir -p /tmp/ew.new
-    cp -r "$REPO/eaglewatch" /tmp/ew.new/ && cp -r "$REPO/pipeline" /tmp/ew.new/eaglewatch/pipeline
-    cp -r "$REPO/tui" /tmp/ew.new/eaglewatch/tui && cp -r "$REPO/assets" /tmp/ew.new/eaglewatch/assets
+    # eaglewatch/{pipeline,tui,assets} are links to the top-level folders: -L copies what they point to.
+    cp -rL "$REPO/eaglewatch" /tmp/ew.new/
     rm -rf /tmp/ew && mv /tmp/ew.new /tmp/ew
 }
 

@@ -13,8 +13,7 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$OUT"
 exec > >(tee "$OUT/console.txt") 2>&1
 rm -rf /tmp/ew /tmp/hist-runs && mkdir -p /tmp/ew
-cp -r "$REPO/eaglewatch" /tmp/ew/ && cp -r "$REPO/pipeline" /tmp/ew/eaglewatch/pipeline
-cp -r "$REPO/tui" /tmp/ew/eaglewatch/tui && cp -r "$REPO/assets" /tmp/ew/eaglewatch/assets
+cp -rL "$REPO/eaglewatch" /tmp/ew/  # its pipeline/, tui/ and assets/ are links: -L copies what they point to
 cd /tmp
 export PYTHONPATH=/tmp/ew EAGLEWATCH_RUN_ROOT=/tmp/hist-runs EAGLEWATCH_GPU_HISTORY_S=1 EAGLEWATCH_LEFTOVER_GRACE_S=3
 cat > /tmp/hist_job.py <<'PY'

@@ -16,7 +16,7 @@ REPO=$(pwd)
 
 # The package maps pipeline/ and tui/ into eaglewatch/; lay that out in a scratch folder instead of installing.
 rm -rf /tmp/ew && mkdir -p /tmp/ew
-cp -r eaglewatch /tmp/ew/ && cp -r pipeline /tmp/ew/eaglewatch/pipeline && cp -r tui /tmp/ew/eaglewatch/tui
+cp -rL eaglewatch /tmp/ew/  # its pipeline/, tui/ and assets/ are links: -L copies what they point to
 export PYTHONPATH=/tmp/ew PYTHONUNBUFFERED=1
 # Not from the checkout's root: its eaglewatch/ (without pipeline/) would shadow the one laid out above.
 cd /tmp

@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "prepare": "eaglewatch.pipeline.prepare",
     "extract": "eaglewatch.pipeline.extract",
     "verify": "eaglewatch.pipeline.verify",
+    "export": "eaglewatch.pipeline.export",
     "preflight": "eaglewatch.pipeline.preflight.cli",
     "make-tiny-model": "eaglewatch.pipeline.tiny_model",
     "decode": "eaglewatch.decode.cli",
