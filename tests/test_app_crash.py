@@ -23,13 +23,28 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
 def alerts(app) -> list[str]:
+    """The toasts on screen now."""
     return [n.message for n in app._notifications]
+
+
+def record_alerts(app) -> list[str]:
+    """Every notification the app posts, kept: a toast expires, and leaves the screen, long before a slow run ends."""
+    posted: list[str] = []
+    notify = app.notify
+
+    def keep(message, *args, **kwargs):
+        posted.append(str(message))
+        return notify(message, *args, **kwargs)
+
+    app.notify = keep
+    return posted
 
 
 def test_demo_fault_shows_the_worker_assert_as_root_cause(run_root, tmp_path):
     args = argparse.Namespace(workdir=str(tmp_path / "demo"), engine="vllm", tp_size=1, fault=True)
     app = DashboardApp("local", launch=LaunchRequest(demo_argv(args), name="demo-fault"),
                        connect_kwargs={"run_root": str(run_root)})
+    posted = record_alerts(app)
 
     async def scenario():
         async with app.run_test(size=(80, 24), notifications=True) as pilot:
@@ -40,7 +55,7 @@ def test_demo_fault_shows_the_worker_assert_as_root_cause(run_root, tmp_path):
             # vLLM's shutdown output may still be on its way after the exit: wait for all of the run's log.
             await wait_until(pilot, lambda: whole_log_arrived(screen, run_root), 60, what="the whole log")
             # The screen posts the model's alerts at its next redraw.
-            await wait_until(pilot, lambda: any(m.startswith("failure in") for m in alerts(app)), 30,
+            await wait_until(pilot, lambda: any(m.startswith("failure in") for m in posted), 30,
                              what="the failure alert")
             view = screen.model.snapshot()
             root = view.failures[0]
@@ -51,7 +66,7 @@ def test_demo_fault_shows_the_worker_assert_as_root_cause(run_root, tmp_path):
             assert all(f.tier != "original" or "Worker" in f.lanes for f in view.failures[1:])
             assert view.phase == "failed" and "failed" in view.marks and view.exit_code
             assert "loading" in view.phases_seen and "extracting" in view.phases_seen
-            assert any(m.startswith("failure in") and "AssertionError" in m for m in alerts(app))
+            assert any(m.startswith("failure in") and "AssertionError" in m for m in posted)
 
             def failure_painted() -> bool:
                 # Readable at 80x24 once no toast covers it; an alert posted after the clearing (the run's end)

@@ -62,7 +62,8 @@ def test_the_agent_runs_attach_and_stop_tell_the_truth(run_root: Path, tmp_path:
             assert stopped.returncode == 0, stopped.stderr
             assert stopped.stdout == f"{run}\t{LOST_DIR_GONE_TEXT}\n"
             assert job_pids(run) == []
-            wait_for(lambda: seen(lambda: watch.finished.is_set()), what="the watch's end")
+            # Finished and drained: the batch that ends the watch may still be queued when `finished` is set.
+            wait_for(lambda: seen(lambda: watch.finished.is_set() and watch.queue.empty()), what="the watch's end")
             assert got.states[-1].state == "lost" and got.states[-1].summary["run_dir_gone"] is True
             _, err = attach.communicate(timeout=60)
         finally:

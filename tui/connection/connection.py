@@ -161,7 +161,9 @@ class Connection:
             if not self.reconnect:
                 return
             if attempt:
-                delay = min(self.backoff_max_s, self.backoff_initial_s * 2 ** (attempt - 1))
+                # The exponent is capped: a host that stays away for hours (or a zero initial delay) must not
+                # overflow the float the delay becomes.
+                delay = min(self.backoff_max_s, self.backoff_initial_s * 2 ** min(attempt - 1, 32))
                 if self._closed.wait(delay * self._jitter.uniform(0.8, 1.2)):
                     return
             attempt += 1
