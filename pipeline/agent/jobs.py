@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from eaglewatch import __version__
-from eaglewatch.pipeline.agent import procs
+from eaglewatch.pipeline.agent import jobpython, procs
 from eaglewatch.pipeline.agent.rundir import (
     JOB_EXITED,
     JOB_LOST,
@@ -110,9 +110,21 @@ def launch(
     restart_of: str | None = None,
     base_env: Mapping[str, str] | None = None,
     wait_s: float = 10.0,
+    python: str | None = None,
+    installed: bool = False,
 ) -> RunDir:
-    """Create the run directory, start the supervisor detached, and wait until the job's pid is recorded."""
+    """Create the run directory, start the supervisor detached, and wait until the job's pid is recorded.
+
+    A bare ``eaglewatch …`` command runs this agent's own eaglewatch under the Python that has vLLM (``python``,
+    else one found on the host), checked before anything starts; ``installed`` runs the host's own eaglewatch
+    (see ``jobpython``)."""
     argv, cwd, env, name = validate_launch(list(argv), cwd, dict(env or {}), name)
+    if python is not None:
+        python = _check_text(python, "the job's Python")
+    try:
+        job = jobpython.job_command(argv, env, python=python, installed=bool(installed))
+    except jobpython.JobPythonError as exc:
+        raise BadRequest(str(exc)) from None
     root.mkdir(parents=True, exist_ok=True)
     for _ in range(5):
         run = RunDir(root / new_run_id(name))
@@ -128,7 +140,11 @@ def launch(
         {
             "run": run.run_id,
             "name": name,
-            "argv": argv,
+            "argv": job.argv,
+            "requested_argv": argv,
+            "python": python,
+            "installed": bool(installed),
+            "job": job.record,
             "env": env,
             "cwd": cwd,
             "started_at": time.time(),
@@ -140,7 +156,7 @@ def launch(
     run.log_path.touch()
     run.events_path.touch()
     job_env = dict(os.environ if base_env is None else base_env)
-    job_env.update(env)
+    job_env.update(job.env)
     # Python jobs whose stdout is a file buffer it in 8 KiB blocks; the log is only live when they do not.
     job_env.setdefault("PYTHONUNBUFFERED", "1")
     with open(run.path / "supervisor.err", "ab") as err:
@@ -397,11 +413,14 @@ def restart(
             )
     new = launch(
         root,
-        list(argv) if argv else cmd["argv"],
+        # What the operator asked for, worked out again: the new run gets this agent's eaglewatch.
+        list(argv) if argv else (cmd.get("requested_argv") or cmd["argv"]),
         cwd=cmd.get("cwd"),
         env=cmd.get("env") or {},
         name=cmd.get("name"),
         restart_of=run.run_id,
+        python=cmd.get("python") if isinstance(cmd.get("python"), str) else None,
+        installed=cmd.get("installed") is True,
     )
     say(f"restarted as {new.run_id}")
     return old, new

@@ -192,7 +192,9 @@ def summary(run: RunDir, state: str) -> dict[str, Any]:
         "run": run.run_id,
         "name": cmd.get("name"),
         "state": state,
-        "argv": cmd.get("argv"),
+        # The command as the operator wrote it; ``job`` says which Python and eaglewatch ran it.
+        "argv": cmd.get("requested_argv") or cmd.get("argv"),
+        "job": cmd.get("job") or {},
         "cwd": cmd.get("cwd"),
         "env": cmd.get("env") or {},
         "started_at": cmd.get("started_at"),

@@ -435,7 +435,8 @@ class Server:
 
     def op_launch(self, args: dict[str, Any]) -> Any:
         run = jobs.launch(
-            self.root, args["argv"], cwd=args.get("cwd"), env=args.get("env"), name=args.get("name")
+            self.root, args["argv"], cwd=args.get("cwd"), env=args.get("env"), name=args.get("name"),
+            python=args.get("python"), installed=args.get("installed") is True,
         )
         return jobs.run_summary(run)
 

@@ -16,6 +16,7 @@ from eaglewatch.pipeline import output
 from eaglewatch.pipeline import plan
 from eaglewatch.pipeline.engines import cpu_build_of_vllm
 from eaglewatch.pipeline.prepared_data import DataReport
+from eaglewatch.pipeline.versions import MIN_VLLM
 from eaglewatch.pipeline.preflight.known_issues import KNOWN_ISSUES, RunFacts
 from eaglewatch.pipeline.preflight.vllm_source import (
     InstalledVLLM,
@@ -27,7 +28,6 @@ from eaglewatch.pipeline.preflight.vllm_source import (
 )
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
-MIN_VLLM = (0, 18)
 DEEPSEEK_FAMILY = {"deepseek_v2", "deepseek_v3", "kimi_k2", "glm4_moe", "deepseek_v32"}
 
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from eaglewatch.pipeline.versions import parse_version  # noqa: F401  (re-exported: the checks import it from here)
+
 
 @dataclass(frozen=True)
 class InstalledVLLM:
@@ -47,11 +49,6 @@ def find_vllm() -> InstalledVLLM | None:
     else:
         return None
     return InstalledVLLM(version=version, distribution=dist, root=Path(spec.origin).parent)
-
-
-def parse_version(text: str) -> tuple[int, ...]:
-    """'0.26.0+cu130' -> (0, 26, 0); enough for the range checks here."""
-    return tuple(int(p) for p in re.findall(r"\d+", text.split("+")[0])[:3])
 
 
 def supports_architecture(vllm: InstalledVLLM, architecture: str) -> bool:

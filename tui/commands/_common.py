@@ -60,6 +60,9 @@ class HostTarget:
     spec: str  # what Connection takes: 'local', an ssh-config alias, user@host[:port]
     run_root: Optional[str]
     ssh_options: "SSHOptions"
+    # The Python named for the host (--python, the config entry, $EAGLEWATCH_REMOTE_PYTHON); None when none is.
+    # It runs the agent, and an ``eaglewatch …`` job too, which must then find vLLM and torch there.
+    named_python: Optional[str] = None
 
 
 def resolve_host(args: argparse.Namespace, host: Optional[str] = None,
@@ -76,7 +79,8 @@ def resolve_host(args: argparse.Namespace, host: Optional[str] = None,
     if not name.strip():
         raise UserError(f"HOST is empty: {HOST_HELP}")
     entry = cfg.host(name)
-    python = args.python or entry.python or os.environ.get(REMOTE_PYTHON_ENV) or DEFAULT_REMOTE_PYTHON
+    named = args.python or entry.python or os.environ.get(REMOTE_PYTHON_ENV) or None
+    python = named or DEFAULT_REMOTE_PYTHON
     options = SSHOptions(
         config_path=args.ssh_config,
         known_hosts=tuple(args.known_hosts) if args.known_hosts else None,
@@ -84,7 +88,7 @@ def resolve_host(args: argparse.Namespace, host: Optional[str] = None,
         use_ssh_agent=not args.no_ssh_agent,
         python=python,
     )
-    return HostTarget(name, entry.target, args.run_root or entry.run_root, options)
+    return HostTarget(name, entry.target, args.run_root or entry.run_root, options, named)
 
 
 def _confirm_interactively(error: "UnknownHostKeyError") -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from eaglewatch.errors import UserError
 from eaglewatch.safetext import safe_text
@@ -27,6 +27,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cwd", default=None, help="working directory on the host (default: the agent's, ~ over SSH)")
     parser.add_argument("-e", "--env", action="append", default=[], metavar="NAME=VALUE",
                         help="environment variable for the job; repeat for several")
+    parser.add_argument("--installed", action="store_true",
+                        help="run the host's installed eaglewatch (default: the copy that travels with the agent, "
+                             "under the host's Python with vLLM)")
     parser.add_argument("--attach", action="store_true", help="stream the run's log until it ends")
     parser.add_argument("--json", action="store_true", help="print the run's summary as JSON")
     parser.add_argument("--no-tui", action="store_true",
@@ -49,13 +52,19 @@ def command_of(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
 
 def start(connection: "Connection", args: argparse.Namespace, argv: list[str], env: dict[str, str]) -> RunSummary:
     """Launch the run; its id (or, with --json, its summary) goes to stdout, where it runs to stderr."""
-    summary = _common.agent_call(connection.launch, argv, cwd=args.cwd, env=env, name=args.name)
+    python = _common.resolve_host(args).named_python
+    summary = _common.agent_call(connection.launch, argv, cwd=args.cwd, env=env, name=args.name, python=python,
+                                 installed=bool(getattr(args, "installed", False)))
     if args.json:
         print(json.dumps(summary, ensure_ascii=True))
     else:
         print(safe_text(summary["run"]))
     print(f"eaglewatch: launched {safe_text(summary['run'])} on {safe_text(args.host)} "
           f"(pid {safe_text(summary.get('pid'))}, {safe_text(summary.get('run_dir'))})", file=sys.stderr)
+    job: dict[str, Any] = cast(dict[str, Any], summary).get("job") or {}  # which Python and eaglewatch ran it
+    if job.get("python"):
+        print(f"eaglewatch: the job runs {safe_text(job.get('eaglewatch'))} eaglewatch with {safe_text(job['python'])} "
+              f"({safe_text(job.get('python_found_by'))}: {safe_text(job.get('python_has'))})", file=sys.stderr)
     sys.stdout.flush()
     return summary
 

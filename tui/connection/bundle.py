@@ -1,9 +1,11 @@
 """The agent as one zipapp file, built from this installation, to upload to a host that has no eaglewatch.
 
-It holds only the stdlib-only modules the agent needs (eaglewatch/__init__, protocol, errors, safetext,
-pipeline/__init__, pipeline/agent, and pipeline/telemetry when present, whose heavy parts are imported lazily). The
-file name carries the version and a hash of the content, so a changed agent is a new file and two versions never
-mix.
+It holds eaglewatch's GPU side whole: the agent, ``pipeline/`` (prepare, extract, verify, preflight, the tiny
+models, telemetry), the decoder, the command line and the bundled data, all pure Python; torch, vLLM and
+transformers come from the host's environment. The agent itself uses only its stdlib-only modules; an
+``eaglewatch …`` job it launches runs the rest (see ``pipeline/agent/jobpython.py``), so the job's code is the
+operator's version. The operator side (``tui/``) and the demo stay out. The file name carries the version and a hash
+of the content, so a changed bundle is a new file and two versions never mix.
 """
 
 from __future__ import annotations
@@ -31,24 +33,32 @@ def _package_dir(module_name: str) -> Path | None:
     return Path(list(spec.submodule_search_locations)[0])
 
 
+# What stays on the operator's side: the dashboard and its connection, and the demo that opens it.
+_LEFT_OUT = ("eaglewatch/tui/", "eaglewatch/demo.py")
+
+
 def _files() -> list[tuple[str, Path]]:
     top = _package_dir("eaglewatch")
-    pipeline = _package_dir("eaglewatch.pipeline")
-    agent = _package_dir("eaglewatch.pipeline.agent")
-    if top is None or pipeline is None or agent is None:
+    if top is None or _package_dir("eaglewatch.pipeline.agent") is None:
         raise RuntimeError("the eaglewatch agent package cannot be found in this installation")
-    files = [
-        ("eaglewatch/__init__.py", top / "__init__.py"),
-        ("eaglewatch/protocol.py", top / "protocol.py"),
-        ("eaglewatch/errors.py", top / "errors.py"),
-        ("eaglewatch/safetext.py", top / "safetext.py"),
-        ("eaglewatch/pipeline/__init__.py", pipeline / "__init__.py"),
-    ]
-    files += [(f"eaglewatch/pipeline/agent/{path.name}", path) for path in sorted(agent.glob("*.py"))]
-    telemetry = _package_dir("eaglewatch.pipeline.telemetry")
-    if telemetry is not None:
-        files += [(f"eaglewatch/pipeline/telemetry/{path.name}", path) for path in sorted(telemetry.glob("*.py"))]
+    files: list[tuple[str, Path]] = []
+    # os.walk follows the package's links (eaglewatch/pipeline -> ../pipeline), as the import system does.
+    for folder, dirs, names in os.walk(top, followlinks=True):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not d.startswith("."))
+        for name in sorted(names):
+            path = Path(folder) / name
+            archived = "eaglewatch/" + path.relative_to(top).as_posix()
+            if archived.startswith(_LEFT_OUT) or not _travels(archived):
+                continue
+            files.append((archived, path))
     return files
+
+
+def _travels(archived: str) -> bool:
+    if archived.endswith(".py"):
+        return True
+    # Bundled data the GPU side reads (sample chat data for the tiny models); not the dashboard's styles or images.
+    return archived.startswith("eaglewatch/assets/data/")
 
 
 @lru_cache(maxsize=1)

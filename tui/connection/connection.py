@@ -300,8 +300,16 @@ class Connection:
         cwd: str | None = None,
         env: dict[str, str] | None = None,
         name: str | None = None,
+        python: str | None = None,
+        installed: bool = False,
     ) -> RunSummary:
+        """``python``: the host's interpreter for an ``eaglewatch …`` job (else the agent finds one);
+        ``installed``: run the host's installed eaglewatch instead of the agent's own copy."""
         args: dict[str, Any] = {"argv": list(argv)}
+        if python is not None:
+            args["python"] = python
+        if installed:
+            args["installed"] = True
         if cwd is not None:
             args["cwd"] = cwd
         if env:
