@@ -28,7 +28,7 @@ EVENT_PROGRESS = "progress"  # done, total, tokens, bytes, elapsed_s, tokens_per
 EVENT_SAMPLE = "sample"  # id, tokens, bytes, file
 EVENT_WARNING = "warning"  # message, code
 EVENT_ERROR = "error"  # message, exc_type, traceback
-EVENT_CHECK = "check"  # preflight: name, status (pass|warn|fail), reason, fix
+EVENT_CHECK = "check"  # preflight: name, status (one of CHECK_STATUSES), reason, fix, details
 EVENT_INFO = "info"  # free-form facts worth keeping: engine, model, layer_ids, ...
 
 PHASE_VALIDATING = "validating"
@@ -37,6 +37,17 @@ PHASE_EXTRACTING = "extracting"
 PHASE_DONE = "done"
 PHASE_FAILED = "failed"
 PHASES = (PHASE_VALIDATING, PHASE_LOADING, PHASE_EXTRACTING, PHASE_DONE, PHASE_FAILED)
+
+# Check statuses (EVENT_CHECK "status"): a check event is a result.
+CHECK_PASS = "pass"
+CHECK_WARN = "warn"
+CHECK_FAIL = "fail"
+CHECK_STATUSES = (CHECK_PASS, CHECK_WARN, CHECK_FAIL)
+# A check that takes a while (the miniature) says so as each of its stages starts, in an event of its own kind, so
+# that a reader of check events sees results only: name (the check's), stage (one of MINIATURE_STAGES), elapsed_s
+# (since the check began). The check's result, an EVENT_CHECK of the same name, follows.
+EVENT_CHECK_STAGE = "check_stage"
+MINIATURE_STAGES = ("building", "extracting", "verifying")
 
 # --- agent messages (field "type") --------------------------------------------------------------
 # docs/protocol.md describes every field; the one-line notes here are a reminder.

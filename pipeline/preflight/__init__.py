@@ -2,13 +2,16 @@
 
 ``checks`` reads the model folder, data, disk and installed vLLM without loading anything; ``miniature`` runs the
 real extract path on a toy clone of the architecture. ``run_preflight`` does both and reports each result as a
-``check`` event, so the dashboard shows the checklist before loading starts.
+``check`` event, so the dashboard shows the checklist before loading starts. The miniature takes a minute or more:
+as each of its stages starts it says so in a ``check_stage`` event (``protocol.EVENT_CHECK_STAGE``), and its result,
+with the decoded root cause of a failure in ``details``, follows as its ``check`` event.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
 from eaglewatch import protocol
 from eaglewatch.pipeline.model_info import ModelInfo
@@ -47,7 +50,7 @@ def run_preflight(cfg: ExtractConfig, events: Any | None = None, *, miniature: b
 
         samples = shard_for_rank(ctx.data.samples, cfg.rank, cfg.world_size) if ctx.data is not None else None
         mini = run_miniature(cfg, ctx.info, ctx.layer_ids, samples=miniature_samples, workdir=workdir,
-                             data=samples)
+                             data=samples, on_stage=_stage_reporter(events, "miniature"))
         result = CheckResult("miniature", mini.status, mini.reason,
                              "" if mini.status == PASS else f"see {mini.log_path}; fix this before the real load",
                              details={"layer_map": mini.layer_map, "seconds": round(mini.seconds, 1),
@@ -60,7 +63,35 @@ def run_preflight(cfg: ExtractConfig, events: Any | None = None, *, miniature: b
 def _emit(events: Any | None, result: CheckResult) -> None:
     if events is not None:
         events.emit(protocol.EVENT_CHECK, name=result.name, status=result.status, reason=result.reason,
-                    fix=result.fix)
+                    fix=result.fix, details=_json_safe(result.details))
+
+
+def _json_safe(value: Any) -> Any:
+    """The details as the events file can hold them: what JSON has no form for (a path, a tuple key) becomes its
+    text rather than failing the run's event."""
+    if isinstance(value, dict):
+        return {k if isinstance(k, (str, int, float, bool)) else str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
+
+
+def _stage_reporter(events: Any | None, name: str) -> Callable[[str], None]:
+    """What a long check calls as each stage starts: a ``check_stage`` event, and a line in the run's log."""
+    started = time.monotonic()
+
+    def report(stage: str) -> None:
+        if events is None:
+            return
+        elapsed = round(time.monotonic() - started, 1)
+        events.emit(protocol.EVENT_CHECK_STAGE, name=name, stage=stage, elapsed_s=elapsed)
+        say = getattr(events, "say", None)
+        if say is not None:
+            say(f"preflight: {name} {stage} ({elapsed:.0f} s in)")
+
+    return report
 
 
 MARKS = {PASS: "ok  ", WARN: "warn", FAIL: "FAIL"}

@@ -3,7 +3,9 @@
 :func:`follow_run` is the loop behind a run screen: it takes batches from the run's watch and the host's
 telemetry queue and folds them into the RunModel (decoder and state are pure; this is the only place they
 are fed). It never posts a message per line: the screen polls ``model.version`` at a fixed rate and redraws
-when it moved. Every wait is short and checks ``cancelled()``, so leaving the screen stops the loop at once.
+when it moved. What an operator waits for (a failure, a check, an alert: ``model.news()``) it is told of at once
+through ``on_news``, so that a crash is not painted a poll period late. Every wait is short and checks
+``cancelled()``, so leaving the screen stops the loop at once.
 
 A local run's free disk is measured here when the agent's telemetry has none: at the folder the job said it writes
 to (``RunModel.output_dir``: its ``info`` event's ``output_dir``, the run directory until that came).
@@ -116,9 +118,21 @@ def follow_run(
     run: str,
     cancelled: Callable[[], bool],
     telemetry: bool = True,
+    on_news: Optional[Callable[[], None]] = None,
 ) -> None:
-    """Stream one run into ``model`` until ``cancelled()``; the whole log from offset 0 (reattaching rebuilds)."""
+    """Stream one run into ``model`` until ``cancelled()``; the whole log from offset 0 (reattaching rebuilds).
+    ``on_news`` (thread-safe, quick) is called when ``model.news()`` moved after a batch or a tick."""
     summary = connection.status(run)
+    news = model.news()
+
+    def tell() -> None:
+        nonlocal news
+        now = model.news()
+        if now != news:
+            news = now
+            if on_news is not None:
+                on_news()
+
     model.set_summary(summary)
     local = connection.endpoint is None
     if telemetry:
@@ -164,6 +178,7 @@ def follow_run(
     try:
         if first:
             feed_sliced(model, first, cancelled)
+            tell()
         while not cancelled():
             try:
                 batch = pending.get(timeout=POLL_S)
@@ -179,6 +194,7 @@ def follow_run(
             if now - last_tick >= TICK_S:
                 last_tick = now
                 model.tick()
+            tell()
             if local and now - last_disk >= DISK_EVERY_S:
                 last_disk = now
                 # Asked each time: the job says where it writes some time after it started.

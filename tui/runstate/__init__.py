@@ -9,6 +9,7 @@ apart. Memory is bounded: the decoder keeps state, not history; the log keeps a 
 from eaglewatch.tui.runstate.model import RunModel, Thresholds
 from eaglewatch.tui.runstate.view import (
     Alert,
+    CheckView,
     Extraction,
     FailureView,
     GpuProcess,
@@ -21,6 +22,7 @@ from eaglewatch.tui.runstate.view import (
 
 __all__ = [
     "Alert",
+    "CheckView",
     "Extraction",
     "FailureView",
     "GpuProcess",

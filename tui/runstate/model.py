@@ -18,7 +18,7 @@ from itertools import islice
 from typing import Any, Callable, Iterable, Mapping, Optional
 
 from eaglewatch import protocol as p
-from eaglewatch.decode import BarUpdate, Decoder, FailureGroup, LineEvent
+from eaglewatch.decode import BarUpdate, Decoder, LineEvent
 from eaglewatch.tui.messages import (
     Event,
     ExitInfo,
@@ -32,7 +32,16 @@ from eaglewatch.tui.messages import (
     unexpected_item,
 )
 from eaglewatch.tui.runend import RunEnd, run_end
+from eaglewatch.tui.runstate.failures import (
+    AlertKeys,
+    alert_keys,
+    check_copy,
+    check_failure_view,
+    check_keys,
+    failure_view,
+)
 from eaglewatch.tui.runstate.fmt import fmt_argv
+from eaglewatch.tui.runstate.preflight import Preflight
 from eaglewatch.tui.runstate.view import (
     ALERT_DIR_GONE,
     ALERT_DISK,
@@ -56,7 +65,6 @@ from eaglewatch.tui.runstate.view import (
     Severity,
 )
 
-_TIERS = {0: "original", 1: "secondary", 2: "re-raised", 3: "final report"}
 _EXTRACT_BAR = "Extracting"
 _BAR_NOTE_EVERY_S = 10.0
 _MAX_ALERTS = 200
@@ -84,25 +92,6 @@ def _float(value: Any) -> Optional[float]:
         return None if value is None else float(value)
     except (TypeError, ValueError):
         return None
-
-
-def failure_view(group: FailureGroup, position: int) -> FailureView:
-    first = group.first
-    inner = group.innermost
-    hint = group.hint
-    return FailureView(
-        position=position,
-        summary=group.summary,
-        lanes=group.lanes_label(),
-        tier=_TIERS.get(group.tier, str(group.tier)),
-        count=group.count,
-        location=inner.location() if inner is not None else None,
-        source_line=inner.source if inner is not None else None,
-        context=first.context,
-        hint_title=hint.title if hint is not None else None,
-        hint_text=hint.text if hint is not None else None,
-        traceback=first.text or group.summary,
-    )
 
 
 class RunModel:
@@ -145,13 +134,16 @@ class RunModel:
         self._disk: dict[str, Any] = {}
         self._alerts: deque[Alert] = deque(maxlen=_MAX_ALERTS)
         self._alert_seq = 0
-        self._alerted_roots: set[tuple[object, ...]] = set()
+        # The keys of every failure that rang (failures.alert_keys), and those it took on since: it rings once.
+        self._alerted: set[tuple[object, ...]] = set()
+        self._alerts_checked: tuple[int, int] = (-1, -1)
         self._stalled = False
         self._low_disk = False
         self._exit_alerted = False
         self._dir_gone_alerted = False
-        self._failures_cache: tuple[int, tuple[FailureView, ...]] = (-1, ())
-        self._root_key: Optional[tuple[object, ...]] = None
+        self._failures_cache: tuple[tuple[int, int], tuple[_Shown, ...]] = ((-1, -1), ())
+        self._preflight = Preflight()
+        self._preflight_tick = 0
         if summary:
             self.set_summary(summary)
 
@@ -269,6 +261,8 @@ class RunModel:
                 self._info.update(event)
             elif kind == p.EVENT_ERROR:
                 self._error_event = event
+            elif kind == p.EVENT_CHECK or kind == p.EVENT_CHECK_STAGE:
+                self._preflight.feed(event)
             elif kind == p.EVENT_WARNING:
                 self._warning_events += 1
                 if event.get("by") == "supervisor":
@@ -349,6 +343,12 @@ class RunModel:
         """Now and then (a few times a second): finish tracebacks of lanes that went quiet, check for stalls."""
         with self.lock:
             self._take(self.decoder.flush_idle())
+            if self._preflight.running:
+                # A running check's time ticks on screen; the view moves once a second for it.
+                seconds = self._preflight.running_seconds(self.wall())
+                if seconds != self._preflight_tick:
+                    self._preflight_tick = seconds
+                    self._changed()
             self._check()
 
     def _changed(self) -> None:
@@ -396,15 +396,28 @@ class RunModel:
         full_in = _float(self._disk.get("full_in_s"))
         return full_in is not None and 0 < full_in < self.thresholds.full_in_s
 
-    def _check(self) -> None:
-        root = self.decoder.state.root_cause()
-        if root is not None and root.key not in self._alerted_roots:
-            self._alerted_roots.add(root.key)
-            self._alert(ALERT_FAILURE, "error", f"failure in {root.lanes_label()}: {root.summary}")
-        elif root is None and self._error_event is not None and not self._alerted_roots:
-            self._alerted_roots.add(("event",))
+    def _alert_failures(self) -> None:
+        """An alert when a failure not alerted before becomes the root cause (at once: provisional or not). A failure
+        is known by every key it has had (the process and first line stay while it is refined; the group key may
+        change), so a refined one rings no second time, and one that was the root before rings once only."""
+        key = self._failures_key()
+        shown = self._shown()
+        if key != self._alerts_checked:
+            self._alerts_checked = key
+            for entry in shown:
+                if entry.keys & self._alerted:
+                    self._alerted.update(entry.keys)
+            root = shown[0] if shown else None
+            if root is not None and not root.keys & self._alerted:
+                self._alerted.update(root.keys)
+                self._alert(ALERT_FAILURE, "error", f"failure in {root.view.lanes}: {root.view.summary}")
+        if not shown and self._error_event is not None and ("event",) not in self._alerted:
+            self._alerted.add(("event",))
             event = self._error_event
             self._alert(ALERT_FAILURE, "error", f"{event.get('exc_type')}: {event.get('message')}")
+
+    def _check(self) -> None:
+        self._alert_failures()
         stalled = self._is_stalled()
         if stalled and not self._stalled:
             minutes = self.thresholds.stall_after_s / 60
@@ -458,14 +471,46 @@ class RunModel:
             start = max(seq + 1, first, self._seq - limit + 1 if limit else first)
             return list(islice(self._tail, start - first, None))
 
-    def _failures(self) -> tuple[FailureView, ...]:
-        state = self.decoder.state
-        if self._failures_cache[0] == state.version:
+    def _failures_key(self) -> tuple[int, int]:
+        return (self.decoder.state.version, self._preflight.version)
+
+    def _shown(self) -> tuple["_Shown", ...]:
+        """Failed checks first (they stopped the run before anything loaded), then the decoder's groups, root cause
+        first, without the printed table's copies of those checks."""
+        key = self._failures_key()
+        if self._failures_cache[0] == key:
             return self._failures_cache[1]
-        groups = state.failures_ranked()
-        views = tuple(failure_view(group, i + 1) for i, group in enumerate(groups))
-        self._failures_cache = (state.version, views)
-        return views
+        groups = self.decoder.state.failures_ranked()
+        failed = self._preflight.failed()
+        names = {name for name, _ in failed}
+        keys = {name: check_keys(name) for name in names}
+        rest = []
+        for group in groups:
+            copy_of = check_copy(group, names) if names else None
+            if copy_of is not None:
+                keys[copy_of] = keys[copy_of] | alert_keys(group)
+            else:
+                rest.append(group)
+        shown = [_Shown(check_failure_view(name, event, i + 1), keys[name]) for i, (name, event) in enumerate(failed)]
+        for group in rest:
+            shown.append(_Shown(failure_view(group, len(shown) + 1), alert_keys(group)))
+        result = tuple(shown)
+        self._failures_cache = (key, result)
+        return result
+
+    def _failures(self) -> tuple[FailureView, ...]:
+        return tuple(entry.view for entry in self._shown())
+
+    def news(self) -> tuple[int, int, int]:
+        """Moves when the failures, the checks or the alerts change (not with every line): a reader that waits
+        for its next poll to redraw anyway may redraw at once when this moved."""
+        with self.lock:
+            return (self.decoder.state.version, self._preflight.version, self._alert_seq)
+
+    def failures(self) -> tuple[FailureView, ...]:
+        """The failures as the panel lists them (the traceback screen follows one of them by its ``ident``)."""
+        with self.lock:
+            return self._failures_with_event()
 
     def _dir_gone(self) -> bool:
         return bool(self._summary.get("run_dir_gone"))
@@ -558,7 +603,8 @@ class RunModel:
         event = self._error_event
         text = str(event.get("traceback") or "")
         return (FailureView(1, f"{event.get('exc_type')}: {event.get('message')}", "main", "original", 1,
-                            None, None, "the pipeline's error event", None, None, text or str(event.get("message"))),)
+                            None, None, "the pipeline's error event", None, None, text or str(event.get("message")),
+                            basis="the pipeline's error event", ident="event:error"),)
 
     def snapshot(self) -> RunView:
         with self.lock:
@@ -616,4 +662,13 @@ class RunModel:
                 load_step=self._load_step[0] if self._load_step and self._running()
                 and self._phase not in _AFTER_LOADING else None,
                 load_step_age_s=(self.clock() - self._load_step[1]) if self._load_step else None,
+                checks=self._preflight.views(self.wall()),
             )
+
+
+@dataclass(frozen=True)
+class _Shown:
+    """A failure as listed, and the keys its alert is remembered by."""
+
+    view: FailureView
+    keys: AlertKeys

@@ -98,6 +98,28 @@ class FailureView:
     hint_title: Optional[str]
     hint_text: Optional[str]
     traceback: str  # the full text, as printed
+    # Shown as soon as its exception line arrived: a chained part or more of the report may still follow, and the
+    # complete failure then takes its place (same ``ident``).
+    provisional: bool = False
+    confidence: str = "certain"  # the decoder's: certain, likely, guess
+    basis: str = ""  # why it is that sure ("from a fragment (no Traceback header)")
+    quoted_in: Optional[str] = None  # not printed on its own, but quoted in this wrapper's message
+    # Which failure this is, stable while it is refined: the process that printed it and the line where it began
+    # ("1234@87"), "check:<name>" for a failed preflight check.
+    ident: str = ""
+
+
+@dataclass(frozen=True)
+class CheckView:
+    """One preflight check as the job reported it (``check`` events): passed, warned, failed, or still running."""
+
+    name: str
+    status: str  # pass / warn / fail / running
+    reason: str
+    fix: str
+    stage: Optional[str] = None  # while running: building / extracting / verifying
+    elapsed_s: Optional[float] = None  # running: since the check began; finished: how long it took
+    stage_elapsed_s: Optional[float] = None  # running: since its stage began
 
 
 @dataclass(frozen=True)
@@ -149,3 +171,4 @@ class RunView:
     phases_seen: tuple[str, ...] = field(default_factory=tuple)  # pipeline phases in the order they came
     load_step: Optional[str] = None  # the engine's latest INFO line while it starts ("Model loading took ...")
     load_step_age_s: Optional[float] = None  # how long ago that line came
+    checks: tuple[CheckView, ...] = ()  # the preflight's checks, in the order they first came

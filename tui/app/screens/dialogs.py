@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import shlex
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -14,6 +14,7 @@ from textual.widgets import Button, Input, Label, Static
 
 from eaglewatch.safetext import safe_text
 from eaglewatch.tui.app.widgets import render
+from eaglewatch.tui.runstate import FailureView
 from eaglewatch.tui.runstate.fmt import fmt_argv
 
 
@@ -107,18 +108,41 @@ class RestartScreen(ModalScreen[Optional[list[str]]]):
 
 
 class TracebackScreen(ModalScreen[None]):
-    BINDINGS = [Binding("escape,q,enter", "close", "close")]
+    """One failure in full. Given ``latest`` (the run's current failures), it follows that failure while it is
+    open: a provisional one is redrawn as the rest of its report arrives, and when it is closed."""
 
-    def __init__(self, failure) -> None:
+    BINDINGS = [Binding("escape,q,enter", "close", "close")]
+    FOLLOW_HZ = 15
+
+    def __init__(self, failure: FailureView,
+                 latest: Optional[Callable[[], Sequence[FailureView]]] = None) -> None:
         super().__init__(classes="dialog-screen")
         self.failure = failure
+        self.latest = latest
+
+    def _title(self) -> str:
+        what = "traceback so far" if self.failure.provisional else "full traceback"
+        return f"failure {safe_text(self.failure.position)}: {what} (Esc closes)"
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog full"):
-            yield Label(f"failure {safe_text(self.failure.position)}: full traceback (Esc closes)", classes="title",
-                        markup=False)
+            yield Label(self._title(), classes="title", id="traceback-title", markup=False)
             with VerticalScroll(id="traceback-scroll"):
                 yield Static(render.traceback_text(self.failure), id="traceback")
+
+    def on_mount(self) -> None:
+        if self.latest is not None and self.failure.ident:
+            self.set_interval(1 / self.FOLLOW_HZ, self._follow)
+
+    def _follow(self) -> None:
+        if self.latest is None:
+            return
+        now = next((f for f in self.latest() if f.ident == self.failure.ident), None)
+        if now is None or now == self.failure:
+            return
+        self.failure = now
+        self.query_one("#traceback-title", Label).update(self._title())
+        self.query_one("#traceback", Static).update(render.traceback_text(now))
 
     def action_close(self) -> None:
         self.dismiss(None)

@@ -8,6 +8,7 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Input
 from textual.worker import get_current_worker
@@ -51,6 +52,10 @@ HELP_ROWS = [
 
 
 class RunScreen(Screen):
+    class News(Message):
+        """Posted by the feed's thread when a failure, a check or an alert changed: redraw now, not at the next
+        poll."""
+
     BINDINGS = [
         Binding("r", "restart", "restart"),
         Binding("s", "stop", "stop"),
@@ -70,6 +75,7 @@ class RunScreen(Screen):
         self.model = model
         self.follow = follow
         self._seen_version = -1
+        self._log_behind = False  # the view was redrawn without the log's new lines
         self._alert_seq = 0
         self.redraws = 0
 
@@ -113,7 +119,7 @@ class RunScreen(Screen):
             return
         try:
             follow_run(self.dash.live_connection(), self.model, run, lambda: worker.is_cancelled,
-                       telemetry=self.dash.telemetry)
+                       telemetry=self.dash.telemetry, on_news=self._news)
         except Exception as exc:
             if not worker.is_cancelled:
                 self.app.call_from_thread(self.app.notify, f"lost the run's stream: {exc}", severity="error",
@@ -121,7 +127,9 @@ class RunScreen(Screen):
 
     # ------------------------------------------------------------------ drawing (UI thread, ≤ REFRESH_HZ)
 
-    def refresh_view(self) -> None:
+    def refresh_view(self, log_too: bool = True) -> None:
+        """Redraw what changed. ``log_too=False`` (news: a failure) leaves the log's new lines to the next poll:
+        writing them is most of a redraw's work, and the frame that shows the failure waits for it."""
         model = self.model
         version = model.version
         if version != self._seen_version:
@@ -131,24 +139,33 @@ class RunScreen(Screen):
             for panel in (self.query_one(RunHeader), self.query_one(LoadPanel),
                           self.query_one(ExtractionPanel), self.query_one(GpuPanel), self.query_one(FailurePanel)):
                 panel.show(view)
-            log = self.query_one(LogPanel)
-            log.lanes = view.lanes
-            log.add_lines(model.log_since(log.last_seq, limit=LIVE_LINES_PER_REDRAW),
-                          cap=LIVE_LINES_PER_REDRAW)
+            self.query_one(LogPanel).lanes = view.lanes
+            self._log_behind = True
             if view.run and view.run != self.run_id:
                 self.run_id = view.run
             self.sub_title = safe_text(f"{view.host} · {view.run}")
+        if log_too and self._log_behind:
+            self._log_behind = False
+            log = self.query_one(LogPanel)
+            log.add_lines(model.log_since(log.last_seq, limit=LIVE_LINES_PER_REDRAW),
+                          cap=LIVE_LINES_PER_REDRAW)
         for alert in model.alerts_since(self._alert_seq):
             self._alert_seq = alert.seq
             self.app.notify(alert.message, title=alert.kind, severity=alert.severity, timeout=8)
             self.app.bell()
+
+    def _news(self) -> None:  # on the feed's thread: post_message is thread-safe
+        self.post_message(self.News())
+
+    def on_run_screen_news(self, event: "RunScreen.News") -> None:
+        self.refresh_view(log_too=False)
 
     def on_log_panel_filter_changed(self, event: LogPanel.FilterChanged) -> None:
         log = self.query_one(LogPanel)
         log.redraw(self.model.log_since(0))
 
     def on_failure_panel_open(self, event: FailurePanel.Open) -> None:
-        self.app.push_screen(TracebackScreen(event.failure))
+        self.app.push_screen(TracebackScreen(event.failure, self.model.failures))
 
     # ------------------------------------------------------------------ keys
 

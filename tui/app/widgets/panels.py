@@ -29,14 +29,23 @@ class ViewPanel(Static):
         super().__init__(*args, **kwargs)
         self.view: Optional[RunView] = None
         self.border_title = self.BORDER_TITLE
+        self._drawn: object = None
 
     def show(self, view: RunView) -> None:
         self.view = view
-        self.update(self.draw(view, max(10, self.content_size.width or self.size.width or 80)))
+        self._put(self.draw(view, max(10, self.content_size.width or self.size.width or 80)))
 
     def on_resize(self) -> None:
         if self.view is not None:
-            self.update(self.draw(self.view, max(10, self.content_size.width)))
+            self._put(self.draw(self.view, max(10, self.content_size.width)))
+
+    def _put(self, drawn) -> None:
+        # A new view comes with every log line; most panels look the same after it. An update lays the whole
+        # screen out again, which on a busy machine delays the frame that shows what did change (a failure).
+        if drawn == self._drawn:
+            return
+        self._drawn = drawn
+        self.update(drawn)
 
     def draw(self, view: RunView, width: int):  # pragma: no cover - abstract
         raise NotImplementedError
@@ -48,9 +57,15 @@ class RunHeader(ViewPanel):
 
 
 class LoadPanel(ViewPanel):
+    """The loading bars; before them, while the job validates, the preflight's checklist."""
+
     BORDER_TITLE = "loading"
 
     def draw(self, view: RunView, width: int):
+        if render.shows_preflight(view):
+            self.border_title = "preflight"
+            return render.preflight_text(view, width)
+        self.border_title = self.BORDER_TITLE
         return render.load_text(view, width)
 
 
@@ -90,11 +105,15 @@ class FailurePanel(OptionList):
         if view.failures == self.failures:
             return
         keep = self.highlighted
+        # The highlight stays on its failure (a provisional one refined in place keeps its ident), else its row.
+        kept = self.failures[keep].ident if self.failures and keep is not None and keep < len(self.failures) else None
         self.failures = view.failures
         width = max(20, self.content_size.width or 60)
         if view.failures:
             self.set_options([Option(render.failure_label(f, width), id=str(f.position)) for f in view.failures])
-            self.highlighted = keep if keep is not None and keep < len(view.failures) else 0
+            same = next((i for i, f in enumerate(view.failures) if kept and f.ident == kept), None)
+            self.highlighted = same if same is not None else keep if keep is not None and keep < len(
+                view.failures) else 0
             self.border_title = f"failures ({len(view.failures)}) · Enter: traceback"
             self.add_class("has-failures")
         else:
@@ -161,9 +180,11 @@ class LogPanel(RichLog):
         limit = min(cap or self.max_lines or len(picked), self.max_lines or len(picked))
         if len(picked) > limit:
             picked = picked[-limit:]
-        for line in picked:
-            self.write(render.log_line_text(line, search=self.search), scroll_end=False)
         if picked:
+            # One write for the batch: half the cost of a write per line, and the UI thread is shared with
+            # everything else that has to reach the screen.
+            self.write(Text("\n", no_wrap=True).join(render.log_line_text(line, search=self.search)
+                                                     for line in picked), scroll_end=False)
             self.shown += len(picked)
             if self.auto_scroll:
                 self.scroll_end(animate=False, immediate=False, x_axis=False)

@@ -11,7 +11,7 @@ from typing import Optional
 from rich.text import Text
 
 from eaglewatch.safetext import safe_text
-from eaglewatch.tui.runstate import GpuView, LogLine, RunView
+from eaglewatch.tui.runstate import CheckView, FailureView, GpuView, LogLine, RunView
 from eaglewatch.tui.runstate.fmt import bar, fmt_bytes, fmt_count, fmt_duration, fmt_gb, fmt_rate, sparkline
 
 PHASE_STYLES = {
@@ -98,6 +98,55 @@ def load_text(view: RunView, width: int) -> Text:
         if width >= lane_w + bar_w + len(tail) + 12:
             text.append(f"  {_s(item.desc)}", "dim")
     _append_load_step(text, view, width)
+    return text
+
+
+CHECK_MARKS = {"pass": ("✓", "green"), "warn": ("!", "bold yellow"), "fail": ("✗", "bold red"),
+               "running": ("▸", "bold cyan")}
+_CHECK_ORDER = {"fail": 0, "running": 1, "warn": 2, "pass": 3}
+
+
+def shows_preflight(view: RunView) -> bool:
+    """The loading panel shows the preflight's checklist until the run has loading bars or reached loading."""
+    return bool(view.checks) and not view.load and "loading" not in view.phases_seen
+
+
+def preflight_text(view: RunView, width: int) -> Text:
+    """A summary line, then one row per check: failed, running and warned first (a short panel still shows
+    them), each with its reason; the running miniature with its stage and how long it has been at it."""
+    checks = view.checks
+    text = Text(no_wrap=True, overflow="ellipsis")
+    counts = {status: sum(c.status == status for c in checks) for status in CHECK_MARKS}
+    parts = [f"{counts['pass']} passed"]
+    if counts["warn"]:
+        parts.append(f"{counts['warn']} warning" + ("s" if counts["warn"] > 1 else ""))
+    if counts["fail"]:
+        parts.append(f"{counts['fail']} failed")
+    text.append("checks ", "dim")
+    text.append(" · ".join(parts), "bold red" if counts["fail"] else "bold")
+    name_w = min(14, max(len(_s(c.name)) for c in checks))
+    for check in sorted(checks, key=lambda c: _CHECK_ORDER.get(c.status, 1)):
+        text.append("\n")
+        mark, style = CHECK_MARKS.get(check.status, ("?", "bold"))
+        text.append(f"{mark} ", style)
+        text.append(_clip(_s(check.name), name_w).ljust(name_w), "bold" if check.status != "pass" else "")
+        text.append(" ")
+        text.append_text(_check_detail(check, max(1, width - name_w - 3)))
+    return text
+
+
+def _check_detail(check: CheckView, width: int) -> Text:
+    text = Text(no_wrap=True, overflow="ellipsis")
+    if check.status == "running":
+        text.append(_s(check.stage or "running"), "bold cyan")
+        text.append(f" {fmt_duration(check.elapsed_s)}", "bold")
+        if check.stage_elapsed_s is not None and check.elapsed_s is not None \
+                and check.elapsed_s - check.stage_elapsed_s >= 1:
+            text.append(f" (this stage {fmt_duration(check.stage_elapsed_s)})", "dim")
+        return text
+    took = f" ({fmt_duration(check.elapsed_s)})" if check.elapsed_s is not None else ""
+    style = {"fail": "red", "warn": "yellow"}.get(check.status, "dim")
+    text.append(_clip(_s(check.reason) + took, width), style)
     return text
 
 
@@ -215,7 +264,17 @@ def host_line(view: RunView) -> str:
     return "host " + "  ".join(parts) if parts else ""
 
 
-def failure_label(failure, width: int) -> Text:
+PROVISIONAL_MARK = "… still printing"  # the report is not complete yet: a chained part or more may follow
+
+
+def sureness(failure: FailureView) -> str:
+    """How sure the decoder is, when it is not certain: "likely: from a fragment (no Traceback header)"."""
+    if failure.confidence == "certain":
+        return ""
+    return f"{failure.confidence}: {failure.basis}" if failure.basis else failure.confidence
+
+
+def failure_label(failure: FailureView, width: int) -> Text:
     text = Text(no_wrap=False)
     tag = "" if failure.tier == "original" else f"[{failure.tier}] "
     text.append(f"{failure.position}. ", "bold")
@@ -225,16 +284,31 @@ def failure_label(failure, width: int) -> Text:
     text.append(f"\n   {_s(failure.lanes)}", "cyan")
     if failure.count > 1:
         text.append(f" · printed {failure.count}×", "dim")
+    if failure.provisional:
+        text.append(f" · {PROVISIONAL_MARK}", "italic yellow")
+    sure = sureness(failure)
+    if sure:
+        text.append(f" · {_s(sure)}", "yellow")
+    if failure.quoted_in:
+        text.append(f" · quoted by {_s(failure.quoted_in)}", "dim")
     if failure.hint_title:
         text.append("\n   hint: ", "yellow")
         text.append(_s(failure.hint_title), "yellow")
     return text
 
 
-def traceback_text(failure) -> Text:
+def traceback_text(failure: FailureView) -> Text:
     text = Text()
     text.append(_s(failure.summary) + "\n", "bold red")
     text.append(f"lanes: {_s(failure.lanes)}   ({_s(failure.tier)})\n", "cyan")
+    if failure.provisional:
+        text.append(f"{PROVISIONAL_MARK}: the exception line is in; what follows it is added here as it comes\n",
+                    "italic yellow")
+    sure = sureness(failure)
+    if sure:
+        text.append(f"decoded as {_s(sure)}\n", "yellow")
+    if failure.quoted_in:
+        text.append(f"quoted in the message of {_s(failure.quoted_in)}\n", "dim")
     if failure.context:
         text.append(f"logged as: {_s(failure.context)}\n", "dim")
     if failure.location:
