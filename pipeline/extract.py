@@ -6,10 +6,12 @@ Order of work, so that bad input fails in seconds rather than after the model lo
    layer ids, parallelism, the whole prepared-data file, the output folder (writable, free space, manifest of an
    earlier run);
 2. load the engine;
-3. extract in fixed batches, skipping the batches whose files are all complete (resume is the default).
+3. extract what is not done yet (resume is the default): as a stream (vllm's default: a bounded window of samples in
+   flight, the engine never drains until the last sample) or in fixed batches (``--exact``, and the hf engine).
 
-Batches are fixed by sample order, and a batch is re-run whole unless all its files are complete, so a resumed
-run feeds the engine exactly the batches an uninterrupted run would: the files come out bit-identical.
+With fixed batches, a batch is re-run whole unless all its files are complete, so a resumed run feeds the engine
+exactly the batches an uninterrupted run would: the files come out bit-identical. The stream resumes per sample; its
+files are whole and within float rounding of each other across runs (docs/pipeline.md, "Feeding").
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from eaglewatch import protocol
 from eaglewatch.errors import UserError
 from eaglewatch.pipeline import output
 from eaglewatch.pipeline import plan as planning
-from eaglewatch.pipeline.engines import Engine, cpu_build_of_vllm, make_engine
+from eaglewatch.pipeline.engines import Engine, StreamingEngine, Window, cpu_build_of_vllm, make_engine
+from eaglewatch.pipeline.engines import durability
+from eaglewatch.pipeline.engines.options import IN_FLIGHT_BYTES
 from eaglewatch.pipeline.events import EventLog
 from eaglewatch.pipeline.output_lock import OutputLock
 from eaglewatch.pipeline.plan import ExtractConfig, Plan, make_plan
@@ -33,6 +37,10 @@ from eaglewatch.pipeline.preflight import PreflightReport, print_table, run_pref
 from eaglewatch.pipeline.prepared_data import Sample
 
 HELP = "extract hidden states of chosen layers for every prepared sample (vLLM or transformers)"
+# Progress events at most this often (and one when the last file lands): a million-sample job stays readable.
+PROGRESS_INTERVAL_S = 0.5
+# With --sync-interval 0 every file is durable once named; the manifest's watermark is still brought up this often.
+EACH_FILE_RECORD_INTERVAL_S = 10.0
 
 class DiskFull(UserError):
     """The output's filesystem filled up during the run. Every file under a final name is whole; the same command
@@ -162,6 +170,17 @@ def _validate_and_extract(cfg: ExtractConfig, lock: OutputLock, events: JobEvent
         events.warning(f"{len(plan.changed)} samples changed since they were extracted (other token ids or loss "
                        f"mask; e.g. {first.id}, line {first.line_no} of {cfg.prepared_data}): extracting them again",
                        code="changed")
+    if plan.unsynced:
+        events.warning(f"{plan.unsynced} files were written after the last sync the manifest records, and the "
+                       "machine has restarted since: they may not have reached the disk; extracting them again",
+                       code="unsynced")
+    if cfg.streams and cfg.batch_size is not None:
+        events.say(f"--batch-size applies to --exact and the hf engine; the stream keeps up to {cfg.max_in_flight} "
+                   "samples in flight (--max-in-flight)")
+    existing_feeding = (plan.existing_manifest or {}).get("feeding")
+    if cfg.exact and existing_feeding == "stream" and plan.todo and len(plan.todo) < len(plan.batches):
+        events.warning("this folder was started without --exact: the files written then are kept, and are equal "
+                       "to --exact's within float rounding, not bit for bit", code="mixed_feeding")
     todo = set(plan.todo)
     done_before = sum(len(b) for i, b in enumerate(plan.batches) if i not in todo)
     progress.plan = plan
@@ -183,19 +202,29 @@ def _validate_and_extract(cfg: ExtractConfig, lock: OutputLock, events: JobEvent
         **planning.identity(plan.info, plan.layer_ids, plan.dtype, cfg.max_seq_len),
         model_path=str(plan.info.path), architectures=list(plan.info.architectures),
         num_hidden_layers=plan.info.num_hidden_layers, hidden_size=plan.info.hidden_size,
-        **planning.selection(cfg), engine=cfg.engine, tp_size=cfg.tp_size, batch_size=cfg.batch_size,
+        **planning.selection(cfg), engine=cfg.engine, tp_size=cfg.tp_size, batch_size=cfg.fixed_batch_size,
+        feeding="stream" if cfg.streams else "batches", exact=cfg.exact, fsync=cfg.fsync,
+        sync_interval=cfg.sync_interval if cfg.fsync else None,
         status="running", started_at=started, samples_total=len(plan.samples), tokens_total=plan.total_tokens,
     )
     manifest_path = plan.output_dir / plan.manifest_name
+    done_flags = _done_flags(plan)
+    mark = durability.Watermark(done_flags)
+    recorded = durability.recorded_watermark(existing)
+    if cfg.fsync or recorded is not None:
+        # Never above what an earlier record said: files past it may still be only in this boot's page cache.
+        start = mark.prefix if recorded is None else min(mark.prefix, recorded[0])
+        manifest[durability.DURABLE_KEY] = {"samples": start, "boot_id": durability.boot_id(),
+                                            "synced_at": None}
     if not keep_manifest:
-        output.write_manifest_file(manifest_path, manifest)
+        _write_manifest(cfg, manifest_path, manifest)
     if not plan.todo:
         events.say("every sample is already extracted; nothing to do")
         if keep_manifest and existing is not None:
             result = {**existing, "samples_written": 0}
         else:
             manifest.update(status="done", finished_at=time.time(), samples_written=0)
-            output.write_manifest_file(manifest_path, manifest)
+            _write_manifest(cfg, manifest_path, manifest)
             result = manifest
         events.phase(protocol.PHASE_DONE, "nothing to do")
         return result
@@ -207,14 +236,47 @@ def _validate_and_extract(cfg: ExtractConfig, lock: OutputLock, events: JobEvent
     load_s = time.time() - t_load
     manifest.update(versions={"eaglewatch": manifest["eaglewatch_version"], **engine.versions()},
                     gpus=engine.device_names(), load_s=round(load_s, 3))
-    events.phase(protocol.PHASE_EXTRACTING, f"{len(plan.todo)} of {len(plan.batches)} batches to run")
-    stats = _extract_batches(engine, plan, cfg, events, done_before)
+    in_own_process = getattr(engine, "engine_core_in_own_process", None)
+    if callable(in_own_process):
+        manifest["engine_core_process"] = in_own_process()
+    todo_samples = [s for b in plan.todo for s in plan.batches[b]]
+    if cfg.streams:
+        events.phase(protocol.PHASE_EXTRACTING, f"{len(todo_samples)} of {len(plan.samples)} samples to run, "
+                                                f"streamed")
+    else:
+        events.phase(protocol.PHASE_EXTRACTING, f"{len(plan.todo)} of {len(plan.batches)} batches to run")
+    _clear_for_rewrite(plan, todo_samples)
+    syncer = None
+    if cfg.fsync:
+        syncer = durability.DurableSync(plan.output_dir, mark, None if keep_manifest else manifest_path, manifest,
+                                        interval_s=cfg.sync_interval or EACH_FILE_RECORD_INTERVAL_S,
+                                        syncs=cfg.periodic_sync)
+        syncer.start()
+    index_of = {s.id: i for i, s in enumerate(plan.samples)}
+    report = _Report(events, total=len(plan.samples), done_before=done_before,
+                     todo_tokens=sum(s.num_tokens for s in todo_samples),
+                     on_landed=lambda sample: mark.landed(index_of[sample.id]),
+                     check=syncer.check if syncer is not None else None)
+    try:
+        if cfg.streams:
+            _extract_stream(engine, plan, cfg, report, todo_samples)
+        else:
+            _extract_batches(engine, plan, cfg, report)
+    finally:
+        report.close()
+        if syncer is not None:
+            syncer.close(final=False)
+    stats = report.stats()
     engine.close()
+    if syncer is not None:
+        # Every file of the run reaches the disk before the run says it is done; timed apart from the extraction.
+        stats["sync_s"] = round(syncer.close(final=True), 3)
+        stats["syncs"] = syncer.count
     if keep_manifest and existing is not None:
         result = {**existing, **stats}
     else:
         manifest.update(status="done", finished_at=time.time(), **stats)
-        output.write_manifest_file(manifest_path, manifest)
+        _write_manifest(cfg, manifest_path, manifest)
         result = manifest
     events.phase(protocol.PHASE_DONE, f"{stats['samples_written']} samples, {stats['tokens_per_s']:.0f} tokens/s")
     return result
@@ -234,53 +296,123 @@ def _preflight(cfg: ExtractConfig, events: EventLog, echo: TextIO | None) -> Pre
     return report
 
 
-def _extract_batches(engine: Engine, plan: Plan, cfg: ExtractConfig, events: EventLog,
-                     done_before: int) -> dict[str, Any]:
-    """Run the batches still to do. Files of batch k are awaited after batch k+1 is submitted, so writing
-    overlaps computing."""
-    from tqdm import tqdm
+def _write_manifest(cfg: ExtractConfig, path: Path, manifest: dict[str, Any]) -> None:
+    if cfg.fsync:
+        durability.write_json_durably(path, manifest)
+    else:
+        output.write_manifest_file(path, manifest)
 
-    total = len(plan.samples)
-    bar = tqdm(total=total, initial=done_before, desc="Extracting hidden states", unit="sample",
-               file=sys.stderr, mininterval=0.5, dynamic_ncols=False, ncols=100)
-    written = tokens = nbytes = 0
-    t0 = time.time()
-    in_flight: tuple[list[Sample], list[Path]] | None = None
 
-    def settle(batch: list[Sample], paths: list[Path]) -> None:
-        nonlocal written, tokens, nbytes
-        engine.wait_written(paths, cfg.write_timeout)
-        for sample, path in zip(batch, paths):
+def _done_flags(plan: Plan) -> list[bool]:
+    """Per sample of the plan, in the order of the data: its file is complete and stays (not to be run)."""
+    todo = {s.id for b in plan.todo for s in plan.batches[b]}
+    return [s.id not in todo for s in plan.samples]
+
+
+def _clear_for_rewrite(plan: Plan, todo: list[Sample]) -> None:
+    """Remove the files this run will write again (a changed sample's, an incomplete one's, the rest of a batch that
+    runs again): a file under its final name then always means this run's write has landed."""
+    for sample in todo:
+        output.sample_path(plan.output_dir, sample.id).unlink(missing_ok=True)
+
+
+class _Report:
+    """What the run tells as files land: a ``sample`` event each, a ``progress`` event at most every
+    ``PROGRESS_INTERVAL_S`` (and for the last file), the tqdm bar on stderr, and the figures for the manifest.
+
+    ``tokens``, ``bytes`` and the rates count this run's files; ``done`` and ``total`` the whole selection, so a
+    resumed run's bar starts where the last one stopped. The ETA is the tokens still to extract over the token rate:
+    the stream finishes short samples first, so a rate in samples would promise too soon an end."""
+
+    def __init__(self, events: EventLog, total: int, done_before: int, todo_tokens: int,
+                 on_landed: Any = None, check: Any = None) -> None:
+        from tqdm import tqdm
+
+        self.events, self.total, self.done_before, self.todo_tokens = events, total, done_before, todo_tokens
+        self.on_landed, self.check = on_landed, check
+        self.written = self.tokens = self.nbytes = 0
+        self.t0 = self.t_last = time.time()
+        self._last_progress = 0.0
+        self._pending_bar = 0
+        self.bar = tqdm(total=total, initial=done_before, desc="Extracting hidden states", unit="sample",
+                        file=sys.stderr, mininterval=0.5, dynamic_ncols=False, ncols=100)
+
+    def landed(self, samples: list[Sample], paths: list[Path]) -> None:
+        for sample, path in zip(samples, paths):
             size = path.stat().st_size
-            written += 1
-            tokens += sample.num_tokens
-            nbytes += size
-            events.emit(protocol.EVENT_SAMPLE, id=sample.id, tokens=sample.num_tokens, bytes=size, file=path.name)
-        elapsed = max(time.time() - t0, 1e-9)
-        done = done_before + written
-        rate = written / elapsed
-        events.emit(protocol.EVENT_PROGRESS, done=done, total=total, tokens=tokens, bytes=nbytes,
-                    elapsed_s=round(elapsed, 3), tokens_per_s=round(tokens / elapsed, 1),
-                    samples_per_s=round(rate, 3), eta_s=round((total - done) / rate, 1) if rate else None)
-        bar.update(len(batch))
+            self.written += 1
+            self.tokens += sample.num_tokens
+            self.nbytes += size
+            self.events.emit(protocol.EVENT_SAMPLE, id=sample.id, tokens=sample.num_tokens, bytes=size,
+                             file=path.name)
+            if self.on_landed is not None:
+                self.on_landed(sample)
+        self._pending_bar += len(samples)
+        now = self.t_last = time.time()
+        if now - self._last_progress >= PROGRESS_INTERVAL_S or self.done_before + self.written >= self.total:
+            self.progress(now)
+        if self.check is not None:
+            self.check()
 
-    try:
-        for b in plan.todo:
-            batch = plan.batches[b]
-            paths = [output.sample_path(plan.output_dir, s.id) for s in batch]
-            engine.submit(batch, paths)
-            if in_flight is not None:
-                settle(*in_flight)
-            in_flight = (batch, paths)
+    def progress(self, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        elapsed = max(now - self.t0, 1e-9)
+        done = self.done_before + self.written
+        token_rate = self.tokens / elapsed
+        eta = max(self.todo_tokens - self.tokens, 0) / token_rate if token_rate else None
+        self.events.emit(protocol.EVENT_PROGRESS, done=done, total=self.total, tokens=self.tokens, bytes=self.nbytes,
+                         elapsed_s=round(elapsed, 3), tokens_per_s=round(token_rate, 1),
+                         samples_per_s=round(self.written / elapsed, 3),
+                         eta_s=round(eta, 1) if eta is not None else None)
+        self._last_progress = now
+        self.bar.update(self._pending_bar)
+        self._pending_bar = 0
+
+    def close(self) -> None:
+        if self._pending_bar:
+            self.progress()
+        self.bar.close()  # ends the bar's line, so that a message after it starts on its own
+
+    def stats(self) -> dict[str, Any]:
+        """Timed until the last file landed (not until the engine's shutdown or the closing sync)."""
+        elapsed = self.t_last - self.t0
+        return {"samples_written": self.written, "tokens_written": self.tokens, "bytes_written": self.nbytes,
+                "extract_s": round(elapsed, 3),
+                "tokens_per_s": round(self.tokens / elapsed, 1) if elapsed else 0.0,
+                "samples_done": self.done_before + self.written}
+
+
+def stream_window(cfg: ExtractConfig, bytes_per_token: int) -> Window:
+    """``--max-in-flight`` and ``--max-in-flight-tokens``, the latter by default what ``IN_FLIGHT_BYTES`` of hidden
+    states hold, and never less than one sample of ``--max-seq-len``."""
+    tokens = cfg.max_in_flight_tokens or max(IN_FLIGHT_BYTES // max(bytes_per_token, 1), cfg.max_seq_len)
+    return Window(max_samples=cfg.max_in_flight, max_tokens=tokens)
+
+
+def _extract_stream(engine: Engine, plan: Plan, cfg: ExtractConfig, report: _Report, todo: list[Sample]) -> None:
+    """The engine keeps a window of samples in flight from the first to the last; each file is told as it lands."""
+    streaming: StreamingEngine = engine  # type: ignore[assignment]  # the vllm engine; hf runs batches
+    paths = [output.sample_path(plan.output_dir, s.id) for s in todo]
+    for indexes in streaming.stream(todo, paths, stream_window(cfg, plan.bytes_per_token), cfg.write_timeout):
+        report.landed([todo[i] for i in indexes], [paths[i] for i in indexes])
+
+
+def _extract_batches(engine: Engine, plan: Plan, cfg: ExtractConfig, report: _Report) -> None:
+    """Run the fixed batches still to do. Files of batch k are awaited after batch k+1 is submitted, so writing
+    overlaps computing."""
+    in_flight: tuple[list[Sample], list[Path]] | None = None
+    for b in plan.todo:
+        batch = plan.batches[b]
+        paths = [output.sample_path(plan.output_dir, s.id) for s in batch]
+        engine.submit(batch, paths)
         if in_flight is not None:
-            engine.flush()
-            settle(*in_flight)
-    finally:
-        bar.close()  # ends the bar's line, so that a message after it starts on its own
-    elapsed = time.time() - t0
-    return {"samples_written": written, "tokens_written": tokens, "bytes_written": nbytes,
-            "extract_s": round(elapsed, 3), "tokens_per_s": round(tokens / elapsed, 1) if elapsed else 0.0,
-            "samples_done": done_before + written}
+            engine.wait_written(in_flight[1], cfg.write_timeout)
+            report.landed(*in_flight)
+        in_flight = (batch, paths)
+    if in_flight is not None:
+        engine.flush()
+        engine.wait_written(in_flight[1], cfg.write_timeout)
+        report.landed(*in_flight)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -19,10 +19,14 @@ from typing import Any
 from eaglewatch.errors import UserError
 from eaglewatch.pipeline import model_info as mi
 from eaglewatch.pipeline import output
+from eaglewatch.pipeline.engines import durability
 from eaglewatch.pipeline.engines.options import EngineOptions, add_engine_arguments, at_least
 from eaglewatch.pipeline.flags import add_flags, flag, from_args
 from eaglewatch.pipeline.output_lock import OutputLock
 from eaglewatch.pipeline.prepared_data import LONG_POLICIES, DataReport, Sample, iter_prepared, load_prepared
+
+
+DEFAULT_BATCH_SIZE = 16
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,7 +39,8 @@ class ExtractConfig(EngineOptions):
     layer_ids: list[int] | None = flag(
         None, "layers to keep: k = residual stream after k layers, 0 = embeddings, L = last layer before the final "
               "norm (default: 2, L//2, L-3, L)", type=int, nargs="+")
-    batch_size: int = flag(16, "samples per engine call (default 16)", type=int)
+    batch_size: int | None = flag(None, "samples per engine call with --exact and with the hf engine (default 16); "
+                                        "the vllm stream has a window instead (--max-in-flight)", type=int)
     long_samples: str = flag("truncate", "what to do with samples longer than --max-seq-len (default truncate)",
                              choices=LONG_POLICIES)
     max_samples: int | None = flag(None, "use only the first N samples of the prepared data", type=int)
@@ -62,6 +67,16 @@ class ExtractConfig(EngineOptions):
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "ExtractConfig":
         return from_args(cls, args)
+
+    @property
+    def streams(self) -> bool:
+        """The engine is fed as a stream (vllm without --exact), not in fixed batches."""
+        return self.engine == "vllm" and not self.exact
+
+    @property
+    def fixed_batch_size(self) -> int | None:
+        """Samples per engine call when the engine is fed fixed batches; None for the stream."""
+        return None if self.streams else (self.batch_size or DEFAULT_BATCH_SIZE)
 
     @property
     def output_path(self) -> Path:
@@ -96,6 +111,7 @@ class Plan:
     layer_ids: list[int]
     dtype: str
     samples: list[Sample]
+    # The units of resume: fixed batches of --batch-size (--exact, hf), or one sample each (the vllm stream).
     batches: list[list[Sample]]
     todo: list[int]  # indexes into batches still to run
     output_dir: Path
@@ -107,6 +123,9 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     # Samples whose files hold other token ids or another loss mask than the prepared data: extracted again.
     changed: list[Sample] = field(default_factory=list)
+    # Samples whose files looked complete but were written after the last sync before the machine restarted
+    # (the manifest's durable watermark): extracted again, their files may not have reached the disk.
+    unsynced: int = 0
     # The folder's manifest as this run found it (None: none, or --force-new).
     existing_manifest: dict[str, Any] | None = None
     # This run selects part of what the folder's manifest describes: the manifest is left as it is.
@@ -263,7 +282,9 @@ def _plan_folder(cfg: ExtractConfig, info: mi.ModelInfo, layer_ids: list[int], d
     for stale in output.stale_temporaries(out, share):  # only once the run is sure to go ahead
         stale.unlink(missing_ok=True)
 
-    batches = [samples[i : i + cfg.batch_size] for i in range(0, len(samples), cfg.batch_size)]
+    unsynced = durability.distrust_unsynced(existing, [s.id for s in samples], status)
+    unit = cfg.fixed_batch_size or 1
+    batches = [samples[i : i + unit] for i in range(0, len(samples), unit)]
     todo = [b for b, batch in enumerate(batches) if any(status[s.id] != output.COMPLETE for s in batch)]
     per_token = mi.bytes_per_token(len(layer_ids), hidden, dtype)
     remaining_tokens = sum(s.num_tokens for b in todo for s in batches[b])
@@ -271,7 +292,8 @@ def _plan_folder(cfg: ExtractConfig, info: mi.ModelInfo, layer_ids: list[int], d
     return Plan(info=info, layer_ids=layer_ids, dtype=dtype, samples=samples, batches=batches, todo=todo,
                 output_dir=out, manifest_name=cfg.manifest_name, events_name=cfg.events_name,
                 truncated=report.truncated, total_tokens=sum(s.num_tokens for s in samples),
-                bytes_per_token=per_token, changed=changed, existing_manifest=existing, narrower=narrower)
+                bytes_per_token=per_token, changed=changed, unsynced=unsynced, existing_manifest=existing,
+                narrower=narrower)
 
 
 def _check_changed(changed: list[Sample], unchanged: int, narrower: bool, cfg: ExtractConfig, out: Path) -> None:

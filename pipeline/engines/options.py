@@ -20,6 +20,9 @@ ENGINES = ("vllm", "hf")
 # What the engines compute in (``--dtype``): fp8 and the like are weight formats, not activation dtypes.
 COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
 SEED_MAX = 2**32 - 1  # numpy's seeds, which vLLM sets from --seed
+# The stream's default bound on hidden states waiting for the disk (--max-in-flight-tokens): on a GPU host they wait
+# in pinned host memory, which the kernel cannot swap out.
+IN_FLIGHT_BYTES = 8 << 30
 
 
 def at_least(flag_name: str, value: int | None, low: int) -> str | None:
@@ -46,11 +49,26 @@ class EngineOptions:
     trust_remote_code: bool = flag(False, "let transformers and vLLM run the model folder's own code",
                                    action="store_true")
     seed: int = flag(0, "engine random seed (default 0)", type=int)
-    fsync: bool = flag(True, "fsync each file before its rename (default). --no-fsync leaves the write-back to the "
-                             "kernel: faster when the disk is the bottleneck, still atomic for a killed process, "
-                             "but not safe against a power loss", action=argparse.BooleanOptionalAction)
-    engine_core_process: bool = flag(False, "run vLLM's engine core in its own process (faster scheduling, but "
-                                            "files are no longer bit-identical across runs)", action="store_true")
+    exact: bool = flag(False, "fixed batches of --batch-size, one engine call each, engine core in-process: the "
+                              "files are bit-identical from run to run and across kill -9 and resume, but the "
+                              "engine drains at every batch's end (vllm; slower on uneven lengths)",
+                       action="store_true")
+    max_in_flight: int = flag(1024, "samples handed to vLLM whose files are not on disk yet, at most (default "
+                                    "1024): the stream's window", type=int)
+    max_in_flight_tokens: int | None = flag(
+        None, "tokens of those samples, at most (default: what 8 GiB of hidden states hold, at least one sample "
+              "of --max-seq-len)", type=int)
+    fsync: bool = flag(True, "make the files durable against a power loss (default): the output's filesystem is "
+                             "synced every --sync-interval seconds, off the engine's path, and the manifest records "
+                             "how far each sync reached. --no-fsync leaves the write-back to the kernel: still atomic "
+                             "for a killed process, not safe against a power loss",
+                       action=argparse.BooleanOptionalAction)
+    sync_interval: float = flag(10.0, "seconds between two syncs of the output's filesystem (default 10); 0 syncs "
+                                      "each file before its rename instead (every file durable once named; slowest "
+                                      "when the disk is the limit)", type=float)
+    engine_core_process: bool | None = flag(
+        None, "run vLLM's engine core in its own process (default: on GPUs, except with --exact; in-process on CPU, "
+              "where the extra process competes for the cores)", action=argparse.BooleanOptionalAction)
     write_timeout: float = flag(600.0, "seconds to wait for a batch's files (default 600)", type=float)
 
     def __post_init__(self) -> None:
@@ -73,9 +91,26 @@ class EngineOptions:
                          f"(got {self.gpu_memory_utilization})")
         if not 0 <= self.seed <= SEED_MAX:
             found.append(f"--seed must be in 0..{SEED_MAX} (got {self.seed})")
+        found += [p for p in (at_least("--max-in-flight", self.max_in_flight, 1),
+                              at_least("--max-in-flight-tokens", self.max_in_flight_tokens, 1)) if p]
+        if not self.sync_interval >= 0 or math.isinf(self.sync_interval):  # also false for NaN
+            found.append(f"--sync-interval must be a number of seconds, 0 or more (got {self.sync_interval})")
+        if self.exact and self.engine_core_process:
+            found.append("--exact runs vLLM's engine core in-process (its batches then do not depend on timing); "
+                         "drop --engine-core-process")
         if not self.write_timeout > 0 or math.isnan(self.write_timeout):
             found.append(f"--write-timeout must be a positive number of seconds (got {self.write_timeout})")
         return found
+
+    @property
+    def fsync_each_file(self) -> bool:
+        """The writers fsync every file before its rename (``--sync-interval 0``)."""
+        return self.fsync and self.sync_interval == 0
+
+    @property
+    def periodic_sync(self) -> bool:
+        """The driver syncs the output's filesystem every ``sync_interval`` seconds (the default)."""
+        return self.fsync and self.sync_interval > 0
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "EngineOptions":

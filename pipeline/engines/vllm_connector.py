@@ -11,7 +11,9 @@ refuses, and it writes its own file layout. This one:
   ``loss_mask``), atomically: temporary name, fsync, rename. A file under its final name is always complete;
 * on a write error, leaves ``<final>.failed`` holding the message, so the driver can report it;
 * lets every tensor-parallel rank report the request as sent (only rank 0 writes), so vLLM's default
-  "wait for all workers" bookkeeping frees the blocks on any vLLM version.
+  "wait for all workers" bookkeeping frees the blocks on any vLLM version; only requests whose blocks it holds are
+  reported, never one the scheduler freed at once (the driver's 1-token flush request between two samples'
+  steps, in the stream).
 
 The driver passes, per request, ``SamplingParams(extra_args={"kv_transfer_params": {"eaglewatch_path": str,
 "eaglewatch_loss_mask": list[int]}})``. Loaded by vLLM through ``kv_connector_module_path``; nothing in vLLM is
@@ -45,6 +47,11 @@ if TYPE_CHECKING:
 FAULT_ENV = "EAGLEWATCH_INJECT_FAULT"
 PATH_KEY = "eaglewatch_path"
 LOSS_MASK_KEY = "eaglewatch_loss_mask"
+# A request that writes nothing and only makes the engine take one more step (``VLLMEngine.flush``); its output
+# carries the key back, so that the driver can tell it from a sample's.
+FLUSH_KEY = "eaglewatch_flush"
+# What a sample request's output carries back (the stock connector's name for it).
+WRITTEN_PATH_KEY = "hidden_states_path"
 
 
 @dataclass
@@ -115,6 +122,9 @@ class EaglewatchHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
         self._block_axis = 2
         self._copy_stream: Any = None
         self._copy_events: dict[str, Any] = {}
+        # Requests whose blocks the scheduler keeps for a write (every rank learns them from the metadata), and
+        # those of them finished, waiting for their copy to end.
+        self._held: set[str] = set()
         self._finished: set[str] = set()
         self._writes_submitted = 0
         self._fault_after = _parse_fault(os.environ.get(FAULT_ENV, ""))
@@ -216,9 +226,13 @@ class EaglewatchHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
             metadata = self._get_connector_metadata()
             if isinstance(metadata, _WriteMetadata):
                 for write in metadata.writes:
+                    self._held.add(write.req_id)
                     if self._is_writer:
                         self._submit(write)
-        self._finished.update(finished_req_ids)
+        # Only requests whose blocks are held may be reported: the others (the 1-token flush request, anything not
+        # ours) were freed by the scheduler when they finished, and reporting one would trip its bookkeeping.
+        # A request's write and its "finished" come with the same step (both are made by one schedule() call).
+        self._finished.update(r for r in finished_req_ids if r in self._held)
         sent: set[str] = set()
         for req_id in list(self._finished):
             event = self._copy_events.get(req_id)
@@ -226,6 +240,7 @@ class EaglewatchHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
                 continue  # the device-to-host copy is still running; its blocks must stay allocated
             self._copy_events.pop(req_id, None)
             self._finished.discard(req_id)
+            self._held.discard(req_id)
             sent.add(req_id)
         return (sent or None), None
 
@@ -248,7 +263,8 @@ class EaglewatchHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
         params = request.kv_transfer_params or {}
         path = params.get(PATH_KEY)
         if path is None or request.prompt_token_ids is None:
-            return False, None  # not one of ours (or aborted before it ran): nothing to write
+            # Not a sample (or aborted before it ran): nothing to write.
+            return False, ({FLUSH_KEY: True} if params.get(FLUSH_KEY) else None)
         self._pending[request.request_id] = _PendingWrite(
             req_id=request.request_id,
             path=str(path),
@@ -257,7 +273,7 @@ class EaglewatchHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
             block_ids=list(block_ids),
         )
         # True: keep the blocks until get_finished reports the copy done.
-        return True, {"hidden_states_path": path}
+        return True, {WRITTEN_PATH_KEY: path}
 
     def request_finished_all_groups(
         self, request: "Request", block_ids: tuple[list[int], ...]
