@@ -48,7 +48,7 @@ from eaglewatch.decode.events import (
 from eaglewatch.decode.hints import Hint, classify
 from eaglewatch.decode.lanes import KIND_WORKER, MAIN_LANE, compress_names
 from eaglewatch.decode.nativelines import watchdog_key
-from eaglewatch.decode.traceback import WATCHDOG_TIMEOUT, is_watchdog_message
+from eaglewatch.decode.traceback import BASIS_BANNER, BASIS_FAULTHANDLER, WATCHDOG_TIMEOUT, is_watchdog_message
 
 TIER_ORIGINAL = 0
 TIER_SECONDARY = 1
@@ -478,6 +478,17 @@ def rank(
                 continue
             if watchdog:
                 later_rank[id(group)] = 1  # the timeout of a collective some rank stopped taking part in
+    # A fatal-signal banner (abseil's, Ray's "*** SIGSEGV received ***") and faulthandler's dump of the same signal
+    # report one crash; the dump holds the Python stack where it happened, so it comes first.
+    def fatal(group: FailureGroup, basis: str) -> Optional[str]:
+        first = group.first
+        return getattr(first, "signal", None) if first.kind == KIND_FATAL and getattr(first, "basis", None) == basis \
+            else None
+
+    dumped = {fatal(g, BASIS_FAULTHANDLER) for g in ordered if g.tier == TIER_ORIGINAL} - {None}
+    for group in ordered:
+        if fatal(group, BASIS_BANNER) in dumped:
+            later_rank[id(group)] = 1
     originals = [g for g in ordered if g.tier == TIER_ORIGINAL and g.first.kind != KIND_DEATH]
     explained: set[str] = set()
     for group in originals:
