@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "attach": "eaglewatch.tui.commands.attach",
     "stop": "eaglewatch.tui.commands.stop",
     "restart": "eaglewatch.tui.commands.restart",
+    "job": "eaglewatch.tui.app.job",  # the job commands, plus the fleet view on a terminal
     "agent": "eaglewatch.pipeline.agent.cli",
     "dashboard": "eaglewatch.tui.app.cli",
 }

@@ -75,8 +75,18 @@ OP_STOP = "stop"  # {run, grace_s} -> summary once every process of the run is g
 OP_RESTART = "restart"  # {run, argv?, grace_s, gpu_timeout_s} -> {old: summary, new: summary}
 OP_TELEMETRY = "telemetry"  # {interval_s} (0 stops) -> {available, reason}
 OP_GPU_HISTORY = "gpu_history"  # {run, limit} -> {samples: [{t, gpus: [{index, mem_used, mem_total, util_gpu}]}]}
+# Data-parallel jobs (docs/protocol.md, "Jobs"; docs/slurm.md): one run per rank, submitted to a scheduler. Each
+# answers with a job snapshot: {job, name, scheduler, target, created_at, world_size, output_dir, scheduler_job_id,
+# ranks: [{rank, host, run, run_dir, node, sched_state, sched_reason, pending_s, elapsed_s, exit_code, summary,
+# scheduler_job_id, scheduler_output}], scheduler_error?}.
+OP_JOB_LAUNCH = "job_launch"  # {scheduler, ranks, argv, cwd?, env?, name?, python?, installed?, slurm?} -> snapshot
+OP_JOBS = "jobs"  # {} -> [snapshot, ...] newest first
+OP_JOB_STATUS = "job_status"  # {job} -> snapshot
+OP_JOB_CANCEL = "job_cancel"  # {job} -> snapshot once the scheduler has ended every rank
+OP_JOB_RESTART_RANK = "job_restart_rank"  # {job, rank} -> snapshot; the rank is submitted again and resumes
+JOB_OPS = (OP_JOB_LAUNCH, OP_JOBS, OP_JOB_STATUS, OP_JOB_CANCEL, OP_JOB_RESTART_RANK)
 OPS = (OP_PING, OP_RUNS, OP_STATUS, OP_LAUNCH, OP_WATCH, OP_UNWATCH, OP_STOP, OP_RESTART, OP_TELEMETRY,
-       OP_GPU_HISTORY)
+       OP_GPU_HISTORY, *JOB_OPS)
 
 # Job states (MSG_JOB "state", summary "state").
 JOB_STARTING = "starting"  # cmd.json written, the job's pid not yet recorded

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from slurm_cluster import slurm_cluster  # noqa: F401  (session fixture: one cluster for tests/test_slurm_*.py)
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"

@@ -12,6 +12,7 @@ import importlib.util
 import json
 import math
 import os
+import shutil
 import socket
 import sys
 import threading
@@ -22,7 +23,7 @@ from typing import Any, BinaryIO, Callable
 
 from eaglewatch import __version__
 from eaglewatch import protocol as p
-from eaglewatch.pipeline.agent import jobs
+from eaglewatch.pipeline.agent import jobs, slurm
 from eaglewatch.pipeline.agent.rundir import AmbiguousRun, RunDir, RunNotFound
 from eaglewatch.pipeline.agent.watch import DirWatcher
 
@@ -313,6 +314,8 @@ def _features() -> list[str]:
         pass
     if importlib.util.find_spec("psutil") is not None:
         features.append("psutil")
+    if shutil.which("sbatch") is not None:
+        features.append("slurm")  # the job ops can submit here
     return features
 
 
@@ -398,7 +401,8 @@ class Server:
         if handler is None or not isinstance(args, dict):
             self.out.send(p.reply_error(request_id, p.ERR_BAD_REQUEST, f"unknown command {op!r}"))
             return
-        if op in (p.OP_STOP, p.OP_RESTART):
+        if op in (p.OP_STOP, p.OP_RESTART) or op in p.JOB_OPS:
+            # These wait (on processes, on Slurm's commands): streaming and the next commands must not.
             threading.Thread(target=self._run, args=(handler, request_id, args), daemon=True).start()
         else:
             self._run(handler, request_id, args)
@@ -475,6 +479,22 @@ class Server:
         except Exception:
             return {"samples": []}
         return {"samples": read_recent(run.path, limit)}
+
+    # --- data-parallel jobs (docs/slurm.md) ----------------------------------------------------------------
+    def op_job_launch(self, args: dict[str, Any]) -> Any:
+        return slurm.launch(self.root, args)
+
+    def op_jobs(self, args: dict[str, Any]) -> Any:
+        return slurm.list_jobs(self.root)
+
+    def op_job_status(self, args: dict[str, Any]) -> Any:
+        return slurm.status(self.root, args.get("job"))
+
+    def op_job_cancel(self, args: dict[str, Any]) -> Any:
+        return slurm.cancel(self.root, args.get("job"), self._notice(None))
+
+    def op_job_restart_rank(self, args: dict[str, Any]) -> Any:
+        return slurm.restart_rank(self.root, args.get("job"), args.get("rank"), self._notice(None))
 
     def op_telemetry(self, args: dict[str, Any]) -> Any:
         interval = float(args.get("interval_s") or 0)

@@ -1,8 +1,11 @@
-"""DashboardApp: connect to a host (locally or over SSH), then show a run, or the host's runs.
+"""DashboardApp: connect to a host (locally or over SSH), then show a run, or the host's runs; or show a
+data-parallel job's fleet view.
 
 Start-up happens in a thread worker: connecting (an unknown host key brings up a dialog and waits for the
 operator), launching when asked to, then opening the run screen or the runs list. The app owns the one
-Connection; screens use it from their own thread workers.
+Connection; screens use it from their own thread workers. A job's fleet view instead reaches each of its hosts
+through the job's own connections (``JobOps``); opening a rank makes that rank's host the app's host and
+connection for the run screen on top.
 """
 
 from __future__ import annotations
@@ -18,15 +21,18 @@ from textual.worker import get_current_worker
 
 from eaglewatch.safetext import safe_text
 from eaglewatch.tui.app.screens.dialogs import HostKeyScreen
+from eaglewatch.tui.app.screens.fleet import FleetScreen
 from eaglewatch.tui.app.screens.run import RunScreen
 from eaglewatch.tui.app.screens.runs import RunsScreen
 from eaglewatch.tui.messages import RunSummary
 from eaglewatch.tui.runstate import RunModel, Thresholds
+from eaglewatch.tui.runstate.fleet import FleetModel, FleetThresholds
 
 if TYPE_CHECKING:
     from textual.notifications import SeverityLevel
     from textual.worker import Worker
 
+    from eaglewatch.tui.commands.job_ops import JobOps
     from eaglewatch.tui.connection import Connection, UnknownHostKeyError
 
 
@@ -64,11 +70,16 @@ class DashboardApp(App):
         thresholds: Optional[Thresholds] = None,
         model: Optional[RunModel] = None,
         telemetry: bool = True,
+        job: "Optional[JobOps]" = None,
+        fleet: Optional[FleetModel] = None,
+        fleet_thresholds: Optional[FleetThresholds] = None,
     ) -> None:
         """``host``: the name shown and used in the goodbye line (a named host of the config file, say);
         ``target``: what to connect to when that is not ``host`` itself (the named host's target).
         ``connection``: a Connection, connected or not (else one is made from the target and ``connect_kwargs``).
-        ``model``: show this already-fed model and connect to nothing (replays, snapshots)."""
+        ``model``: show this already-fed model and connect to nothing (replays, snapshots).
+        ``job``: show this job's fleet view (its connections are its own); ``fleet``: show this already-fed
+        FleetModel as a fleet view and connect to nothing."""
         super().__init__()
         self.host = host
         self.target = target or host
@@ -77,11 +88,18 @@ class DashboardApp(App):
         self.connection = connection
         self.connect_kwargs = dict(connect_kwargs or {})
         self.read_only = read_only
+        self._read_only_asked = read_only  # what the operator asked for; a rank's run screen may add to it
         self.thresholds = thresholds or Thresholds()
         self.preloaded = model
         self.telemetry = telemetry
         self.opened_runs: list[str] = []
-        self._owns_connection = connection is None
+        self.job_ops = job
+        self.preloaded_fleet = fleet
+        self.fleet_thresholds = fleet_thresholds or FleetThresholds()
+        self.fleet_screen: Optional[FleetScreen] = None
+        self._rank_run: Optional[str] = None  # the run of the rank whose run screen is open over the fleet view
+        # A job's connections belong to the job (JobOps' pool): the rank's one the app holds is borrowed.
+        self._owns_connection = connection is None and job is None
 
     def compose(self) -> ComposeResult:
         yield Static(f"connecting to {safe_text(self.host)}…", id="status", markup=False)
@@ -90,6 +108,11 @@ class DashboardApp(App):
     def on_mount(self) -> None:
         if self.preloaded is not None:
             self.push_screen(RunScreen(self.preloaded.snapshot().run, self.preloaded, follow=False))
+            return
+        if self.job_ops is not None or self.preloaded_fleet is not None:
+            fleet = self.preloaded_fleet or FleetModel(self.fleet_thresholds)
+            self.fleet_screen = FleetScreen(fleet, self.job_ops, self.thresholds, self.telemetry)
+            self.push_screen(self.fleet_screen)
             return
         self._start()
 
@@ -173,20 +196,51 @@ class DashboardApp(App):
         """The connection, for the screens' thread workers: every screen that uses it opens after connecting."""
         if self.connection is None:
             raise RuntimeError(f"not connected to {self.host}")
+        rank_run = self._rank_run
+        if self.fleet_screen is not None and rank_run is not None:
+            # A rank's run screen follows nothing itself: it asks for the connection only to stop or restart its
+            # run, and the end that follows is the operator's doing, not a failure of the rank.
+            self.fleet_screen.fleet.ended_by_operator(rank_run)
         return self.connection
 
     def open_run(self, summary: RunSummary, replace: bool) -> None:
         """Show one run; ``replace`` swaps the current run screen (after a restart)."""
         run = summary["run"]
         self.opened_runs.append(run)
-        model = RunModel(self.host, summary, thresholds=self.thresholds)
-        screen = RunScreen(run, model)
+        # A rank of the job on the fleet view, restarted from its run screen: the fleet streams its new run.
+        adopted = self.fleet_screen.adopt_restart(summary) if self.fleet_screen is not None else None
+        if adopted is not None:
+            self._rank_run = run
+            screen = RunScreen(run, adopted, follow=False)
+        else:
+            screen = RunScreen(run, RunModel(self.host, summary, thresholds=self.thresholds))
         if replace and isinstance(self.screen, RunScreen):
             self.switch_screen(screen)
         else:
             self.push_screen(screen)
 
+    def open_rank(self, host: str, connection: "Connection", model: RunModel, read_only: bool = False) -> None:
+        """The fleet view's Enter: the rank's run screen, on the rank's host. It shows the RunModel the fleet
+        streams into, so it follows nothing itself; its keys (stop, restart) act through ``connection``, unless
+        ``read_only`` (a Slurm rank: its run is on a compute node, which the target's agent cannot signal, and
+        only Slurm may start it again) until the fleet view is back (``back_on_fleet``)."""
+        self.host = host
+        self.connection = connection
+        self.read_only = self._read_only_asked or read_only
+        run = model.snapshot().run
+        if run:
+            self.opened_runs.append(run)
+        self._rank_run = run
+        self.push_screen(RunScreen(run, model, follow=False))
+
+    def back_on_fleet(self) -> None:
+        self.read_only = self._read_only_asked
+        self._rank_run = None
+
     def action_detach(self) -> None:
+        if isinstance(self.screen, FleetScreen):
+            self.exit(self.screen.goodbye())
+            return
         run = self.screen.run_id if isinstance(self.screen, RunScreen) else None
         self.exit(("detached", run))
 

@@ -329,6 +329,46 @@ class Connection:
             args["argv"] = list(argv)
         return self.request(p.OP_RESTART, **args)
 
+    # --- jobs: one data-parallel extraction, one run per rank, under a scheduler (docs/fleet.md) -----------
+    # Each reply is a job snapshot: {job, name, scheduler, target, created_at, world_size, output_dir,
+    # scheduler_job_id, ranks: [{rank, host, run, run_dir, node, sched_state, sched_reason, pending_s, elapsed_s,
+    # exit_code, summary}]}.
+
+    def job_launch(
+        self,
+        argv: Sequence[str],
+        *,
+        ranks: int,
+        scheduler: str = "slurm",
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        name: str | None = None,
+        python: str | None = None,
+        installed: bool = False,
+        slurm: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Submit one job of ``ranks`` runs; each rank runs ``argv + ["--rank", R, "--world-size", N]``. ``slurm``:
+        partition, account, time, gpus_per_task, cpus_per_task, mem (None: the cluster's default) and extra
+        (more sbatch arguments). Not retried: a second submission would be a second job."""
+        return self.request(p.OP_JOB_LAUNCH, scheduler=scheduler, ranks=ranks, argv=list(argv), cwd=cwd,
+                            env=dict(env or {}), name=name, python=python, installed=installed,
+                            slurm=dict(slurm or {}))
+
+    def jobs(self) -> list[dict[str, Any]]:
+        """The agent's jobs, newest first."""
+        return list(self.request(p.OP_JOBS, retry=True))
+
+    def job_status(self, job: str) -> dict[str, Any]:
+        return self.request(p.OP_JOB_STATUS, retry=True, job=job)
+
+    def job_cancel(self, job: str) -> dict[str, Any]:
+        """Cancel every rank of the job (scancel of the whole job); cancelling twice is harmless."""
+        return self.request(p.OP_JOB_CANCEL, retry=True, job=job)
+
+    def job_restart_rank(self, job: str, rank: int) -> dict[str, Any]:
+        """Submit that one rank again; it resumes from its files. Not retried: it would submit twice."""
+        return self.request(p.OP_JOB_RESTART_RANK, job=job, rank=rank)
+
     def gpu_history(self, run: str, limit: int = 60) -> list[dict[str, Any]]:
         """The run's recorded GPU samples, oldest first (kept on the host by its supervisor)."""
         return list(self.request(p.OP_GPU_HISTORY, run=run, limit=limit).get("samples") or [])

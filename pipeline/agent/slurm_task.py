@@ -1,0 +1,144 @@
+"""The rank launcher: what a job's batch script runs on the compute node, as the array task's main process.
+
+It makes the rank's run directory under the (shared) run root, with the run id the agent gave that rank at submit
+time, writes ``cmd.json`` as a launch does (plus a ``slurm`` block: job, rank, array task, node), starts eaglewatch's
+supervisor in it and waits. The supervisor runs the rank's command and writes ``exit.json``; the launcher then
+exits with the command's own status (or is ended by the same signal), so that Slurm's state for the task
+(COMPLETED, FAILED, ...) is the rank's.
+
+Slurm ends a task (scancel, time limit) by sending SIGTERM to every process of the task, then SIGKILL after
+``KillWait``. The launcher, like the supervisor, ignores SIGTERM: the rank's command ends on it, the supervisor
+records how, and only then does the launcher exit; were it to end first, Slurm would take the task for finished and
+SIGKILL the supervisor before it wrote ``exit.json``.
+
+The rank's command is worked out here, on the node (``jobpython``): which Python has vLLM and how many GPUs it sees
+are the node's facts, not the login host's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+from eaglewatch import __version__
+from eaglewatch.pipeline.agent import jobpython, jobs
+from eaglewatch.pipeline.agent.rundir import RunDir, is_run_id, write_json_atomic
+
+RANK_ARG = "--rank"
+WORLD_SIZE_ARG = "--world-size"
+EXIT_BAD_TASK = 2
+
+
+def rank_argv(argv: Sequence[str], rank: int, world_size: int) -> list[str]:
+    """The rank's command: the job's argv with this rank's share of the data."""
+    return [*argv, RANK_ARG, str(rank), WORLD_SIZE_ARG, str(world_size)]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="eaglewatch slurm task", add_help=False)
+    parser.add_argument("--run-root", required=True)
+    parser.add_argument("--job", required=True)
+    parser.add_argument("--world-size", type=int, required=True)
+    parser.add_argument("--cwd", required=True)
+    parser.add_argument("--name", default=None)
+    parser.add_argument("--python", default=None)
+    parser.add_argument("--installed", action="store_true")
+    parser.add_argument("--env", action="append", default=[])
+    parser.add_argument("--run", required=True)
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--restart-of", default="")
+    parser.add_argument("argv", nargs=argparse.REMAINDER)
+    return parser
+
+
+def _ignore(signum: int, frame: object) -> None:
+    # A Python-level handler, not SIG_IGN: the supervisor and the command it execs get the default dispositions.
+    pass
+
+
+def _say(message: str) -> None:
+    # The batch output file: where an operator looks when a rank never got a run directory.
+    print(f"eaglewatch: {message}", file=sys.stderr, flush=True)
+
+
+def main(argv: Sequence[str]) -> int:
+    args = _parser().parse_args(list(argv))
+    command = list(args.argv[1:] if args.argv[:1] == ["--"] else args.argv)
+    run_path = Path(args.run_root) / args.run
+    if not is_run_id(args.run) or not is_run_id(args.job) or not command:
+        _say(f"not a rank of an eaglewatch job: run {args.run!r}, job {args.job!r}, command {command!r}")
+        return EXIT_BAD_TASK
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, _ignore)
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    try:
+        run_path.mkdir(parents=True)
+    except FileExistsError:
+        _say(f"run directory {run_path} exists already: this task ran before (requeued?); restart the rank instead")
+        return EXIT_BAD_TASK
+    run = RunDir(run_path)
+    requested = rank_argv(command, args.rank, args.world_size)
+    overrides = dict(item.split("=", 1) for item in args.env if "=" in item)
+    record = {
+        "run": run.run_id, "name": args.name, "argv": requested, "requested_argv": requested,
+        "python": args.python, "installed": bool(args.installed), "job": {}, "env": overrides, "cwd": args.cwd,
+        "started_at": time.time(), "eaglewatch_version": __version__, "restart_of": args.restart_of or None,
+        "host": node,
+        "slurm": {"job": args.job, "rank": args.rank, "world_size": args.world_size,
+                  "job_id": os.environ.get("SLURM_JOB_ID"), "array_job_id": os.environ.get("SLURM_ARRAY_JOB_ID"),
+                  "array_task_id": os.environ.get("SLURM_ARRAY_TASK_ID"), "node": node},
+    }
+    run.log_path.touch()
+    run.events_path.touch()
+    try:
+        jobs.validate_launch(requested, args.cwd, overrides, args.name)
+        job = jobpython.job_command(requested, overrides, python=args.python, installed=args.installed)
+    except (jobs.JobError, jobpython.JobPythonError) as exc:
+        return _refused(run, record, str(exc))
+    record.update(argv=job.argv, job=job.record)
+    write_json_atomic(run.cmd_path, record)
+    env = dict(os.environ)
+    env.update(job.env)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    with open(run.path / "supervisor.err", "ab") as err:
+        supervisor = subprocess.Popen(jobs._supervisor_argv(run.path), cwd=str(run.path), env=env,
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, close_fds=True)
+    status = supervisor.wait()
+    return _exit_like(run, status)
+
+
+def _refused(run: RunDir, record: dict, message: str) -> int:
+    """The rank cannot start on this node (no such folder, no Python with vLLM): recorded as a run that could not
+    start, the way the supervisor records a missing command."""
+    write_json_atomic(run.cmd_path, record)
+    with open(run.log_path, "ab") as log:
+        log.write(f"eaglewatch: cannot start the rank on this node: {message}\n".encode("utf-8", "replace"))
+    write_json_atomic(run.exit_path, {"code": EXIT_BAD_TASK, "signal": None, "signal_name": None,
+                                      "ended_at": time.time(), "error": message, "recorded_by": "slurm_task"})
+    _say(f"cannot start the rank: {message}")
+    return EXIT_BAD_TASK
+
+
+def _exit_like(run: RunDir, supervisor_status: int) -> int:
+    """Exit as the rank's command did: its code, or the signal that ended it."""
+    info = run.exit_info()
+    if info is None:
+        _say(f"the supervisor of {run.run_id} ended ({supervisor_status}) without recording the rank's exit")
+        return supervisor_status if supervisor_status > 0 else 1
+    if isinstance(info.get("code"), int):
+        return int(info["code"])
+    number = info.get("signal")
+    if isinstance(number, int) and number > 0:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(number, signal.SIG_DFL)
+        os.kill(os.getpid(), number)
+        return 128 + number  # a signal that does not end a process (SIGCHLD) leaves the conventional code
+    return 1
