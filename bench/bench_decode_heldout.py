@@ -1,4 +1,7 @@
-"""Score the decoder on the held-out real logs (bench/heldout-logs/): root cause first, as an expert named it."""
+"""Score the decoder on a held-out set of real logs: root cause first, as an expert named it.
+
+    python bench/bench_decode_heldout.py [FOLDER]   # default bench/heldout-logs-2 (the newest set)
+"""
 
 from __future__ import annotations
 
@@ -10,14 +13,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from test_decode_real_logs import decode_bytes, describe, is_type  # noqa: E402  (the test's own rule)
 
-HELD = Path(__file__).resolve().parent / "heldout-logs"
+HERE = Path(__file__).resolve().parent
 
 
 def main() -> int:
-    cases = json.loads((HELD / "cases.json").read_text())
+    held = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE / "heldout-logs-2"
+    cases = json.loads((held / "cases.json").read_text())
     right = 0
     for case in cases:
-        _events, state = decode_bytes((HELD / f"{case['slug']}.log").read_bytes())
+        _events, state = decode_bytes((held / f"{case['slug']}.log").read_bytes())
         failures = state.failures_ranked()
         want = case["root_cause"]
         good = False

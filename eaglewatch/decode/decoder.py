@@ -36,7 +36,7 @@ from eaglewatch.decode.events import Event, LineEvent, ProvisionalFailure
 from eaglewatch.decode.header import LEVELS, VLLM_HEADER, parse_header
 from eaglewatch.decode.lanes import MAIN, LaneId, PrefixParser, lane_from_prefix, split_prefix
 from eaglewatch.decode.lines import LineSplitter
-from eaglewatch.decode.nativelines import maybe_native, native_failure, watchdog_failures
+from eaglewatch.decode.nativelines import maybe_native, maybe_watchdog, native_failure, watchdog_failures
 from eaglewatch.decode.state import DecodeState, LaneState, lane_key
 from eaglewatch.decode.traceback import BASIS_JOINED, TracebackAssembler, may_start, starts_block
 
@@ -405,7 +405,7 @@ class Decoder:
     def _native_lines(self, proc: _Proc, name: str, msg: str, level: Optional[str], time: Optional[str],
                       source: Optional[str], out: list[Event]) -> None:
         """NCCL watchdog timeouts and native CUDA checks: failures whatever level a collector printed."""
-        if "atchdog caught" in msg:
+        if maybe_watchdog(msg):
             self._add_failures(watchdog_failures(msg, name, self._line_no, level, time, source, proc.lane.pid,
                                                  proc.rank), proc, out)
         elif maybe_native(msg):

@@ -7,6 +7,9 @@
   ``Failed: Cuda error /workspace/csrc/custom_all_reduce.cuh:164 'invalid argument'`` (vLLM's CUDACHECK),
   ``CUDA error at file.cu:12 code=2(cudaErrorMemoryAllocation)`` (the CUDA samples' helper): kind ``native``,
   type ``CUDA Error``, the file and line as the frame.
+* ``failure detected by watchdog at work sequence id: 40231`` (PyTorch 2.6 and later's watchdog): kind ``watchdog``.
+* ``rocblaslt error: Could not load .../TensileLibrary_lazy_gfx942.dat`` (ROCm's BLAS libraries): kind ``native``,
+  type ``rocblaslt error`` as printed.
 
 Whatever level a collector printed in front of them, these are failures: the process does not go on.
 """
@@ -33,6 +36,15 @@ _WATCHDOG = re.compile(
     r"(?:\[(?:PG [^\]]*?)?Rank (?P<rank>\d+)\] )?Watchdog caught collective operation timeout: "
     r"(?P<work>WorkNCCL\((?:[^()]|\([^()]*\))*\)?)(?: ran for \d+ milliseconds before timing out\.?)?"
 )
+# PyTorch 2.6 and later: "[PG ID 2 PG GUID 3 Rank 1]  failure detected by watchdog at work sequence id: 40231 ..."
+_WATCHDOG_FAILURE = re.compile(
+    r"(?:\[PG ID \d+ PG GUID [^\]]*?Rank (?P<rank>\d+)\] +)?failure detected by watchdog at work sequence id: "
+    r"(?P<seq>\d+)"
+)
+# ROCm's BLAS libraries print their own error lines and then the process cannot run a GEMM:
+# "rocblaslt error: Could not load .../TensileLibrary_lazy_gfx942.dat".
+_NATIVE_LIBRARY = re.compile(
+    r"(?P<lib>roc[Bb][Ll][Aa][Ss](?:[Ll][Tt])?|hip[Bb][Ll][Aa][Ss](?:[Ll][Tt])?) error: (?P<msg>\S.*)")
 _NATIVE = re.compile(
     r"CUDA [Ee]rror: (?P<m1>.+?) at (?P<f1>[\w./\-]+\.\w+):(?P<l1>\d+)"
     r"|Failed: Cuda error (?P<f2>[\w./\-]+\.\w+):(?P<l2>\d+) '(?P<m2>[^']*)'"
@@ -43,7 +55,12 @@ _OP = re.compile(r"OpType=(?P<op>\w+)")
 
 
 def maybe_native(msg: str) -> bool:
-    return "uda error" in msg or "UDA Error" in msg or "UDA error at" in msg
+    return "uda error" in msg or "UDA Error" in msg or "UDA error at" in msg or "blaslt error" in msg.lower() \
+        or "rocblas error" in msg.lower()
+
+
+def maybe_watchdog(msg: str) -> bool:
+    return "atchdog caught" in msg or "detected by watchdog" in msg
 
 
 def watchdog_key(message: str) -> Optional[tuple[str, str]]:
@@ -71,6 +88,16 @@ def watchdog_failures(
             level=level, time=time, source=source, origin=origin, text=msg.strip(), pid=pid,
             confidence=LIKELY, basis="NCCL watchdog report",
         ))
+    if not out:
+        for found in _WATCHDOG_FAILURE.finditer(msg):
+            rank = found.group("rank")
+            origin = f"rank{rank}" if rank is not None and int(rank) != lane_rank else None
+            report = ExceptionRecord(WATCHDOG_TYPE, msg[found.start():].strip())
+            out.append(TracebackEvent(
+                lane=lane, kind=KIND_WATCHDOG, exceptions=(report,),
+                line_no=line_no, level=level, time=time, source=source, origin=origin, text=msg.strip(), pid=pid,
+                confidence=LIKELY, basis="NCCL watchdog report",
+            ))
     return out
 
 
@@ -80,7 +107,15 @@ def native_failure(
 ) -> Optional[TracebackEvent]:
     found = _NATIVE.search(msg, 0, 4000)  # anywhere: a C++ printf glues its line to whatever came before
     if found is None:
-        return None
+        library = _NATIVE_LIBRARY.search(msg, 0, 400)
+        if library is None:
+            return None
+        return TracebackEvent(
+            lane=lane, kind=KIND_NATIVE, exceptions=(ExceptionRecord(f"{library.group('lib')} error",
+                                                                     library.group("msg").strip()),),
+            line_no=line_no, level=level, time=time, source=source, text=msg.strip(), pid=pid,
+            confidence=LIKELY, basis="native library error line (no Python exception)",
+        )
     file = found.group("f1") or found.group("f2") or found.group("f3")
     line = found.group("l1") or found.group("l2") or found.group("l3")
     frame = Frame(file, int(line), None, None, frame_kind(file))

@@ -96,6 +96,20 @@ _QUOTED = re.compile(
     r"(?P<msg>.+?)(?P=q)(?=\s*(?:[,.;)]|$|please|see))",
     re.S,
 )
+# vLLM's wrapper quotes str(e), which has no class name: "Worker failed with error ''X' object has no attribute
+# 'y'', please check the stack trace above for the root cause".
+_QUOTED_BARE = re.compile(
+    r"Worker failed with error (?P<q>['\"])(?P<msg>.+?)(?P=q)(?=\s*(?:[,.;)]|$|please|see))", re.S)
+# The class an expert reads from a message alone, for quotes that drop it.
+_CLASS_BY_MESSAGE = (
+    (re.compile(r"object has no attribute '|^module '[^']+' has no attribute '"), "AttributeError"),
+    (re.compile(r"^(?:CUDA|HIP|NCCL|cuDNN|CUBLAS) error\b|^NCCL error"), "RuntimeError"),
+    (re.compile(r"^CUDA out of memory"), "torch.OutOfMemoryError"),
+    (re.compile(r"^No module named '"), "ModuleNotFoundError"),
+    (re.compile(r"index out of range$"), "IndexError"),
+    (re.compile(r"object is not (?:subscriptable|callable|iterable)|unsupported operand type"
+                r"|got an unexpected keyword argument|missing \d+ required positional argument"), "TypeError"),
+)
 _TORCHRUN_ROOT = re.compile(r"Root Cause \(first observed failure\):(?P<block>.*)", re.S)
 _TORCHRUN_FIELD = re.compile(r"^\s*(?P<key>rank|exitcode|traceback|host|time)\s*:\s*(?P<value>.*?)\s*$", re.M)
 _SIGNAL_IN_TEXT = re.compile(r"Signal (?P<num>\d+) \((?P<name>SIG[A-Z]+)\)")
@@ -319,8 +333,37 @@ def _same_failure(frameless: FailureGroup, framed: FailureGroup) -> bool:
     return len(a) >= _MIN_QUOTE and len(b) >= _MIN_QUOTE and (a.startswith(b) or b.startswith(a))
 
 
+def _fold(base: FailureGroup, group: FailureGroup) -> FailureGroup:
+    return dataclasses.replace(
+        base, count=base.count + group.count,
+        process_keys=base.process_keys + [k for k in group.process_keys if k not in base.printed],
+        printed={**group.printed, **base.printed}, kinds={**group.kinds, **base.kinds},
+        first_line=min(base.line_no, group.line_no),
+    )
+
+
+def _merge_lone_lines(groups: list[FailureGroup]) -> list[FailureGroup]:
+    """One process logging the same exception twice without frames (its repr, then ``Type: message``) is one
+    failure: the copy with the longer message stays."""
+    out: list[FailureGroup] = []
+    for group in groups:
+        first = group.first
+        lone = first.kind == KIND_TRACEBACK and group.innermost is None and first.complete
+        twin = next((i for i, kept in enumerate(out) if lone and kept.first.kind == KIND_TRACEBACK
+                     and kept.innermost is None and kept.first.complete
+                     and set(kept.process_keys) & set(group.process_keys) and _same_failure(kept, group)), None)
+        if twin is None:
+            out.append(group)
+            continue
+        kept = out[twin]
+        longer, shorter = (group, kept) if len(group.message) > len(kept.message) else (kept, group)
+        out[twin] = _fold(longer, shorter)
+    return out
+
+
 def _merge_copies(groups: list[FailureGroup]) -> list[FailureGroup]:
     """A lone exception line and the traceback that ends in the same exception are one failure."""
+    groups = _merge_lone_lines(groups)
     framed = [g for g in groups if g.first.kind == KIND_TRACEBACK and g.innermost is not None]
     out: list[FailureGroup] = []
     merged: dict[int, FailureGroup] = {}
@@ -333,15 +376,30 @@ def _merge_copies(groups: list[FailureGroup]) -> list[FailureGroup]:
         if target is None:
             out.append(group)
             continue
-        base = merged.get(id(target), target)
-        copy = dataclasses.replace(
-            base, count=base.count + group.count,
-            process_keys=base.process_keys + [k for k in group.process_keys if k not in base.printed],
-            printed={**group.printed, **base.printed}, kinds={**group.kinds, **base.kinds},
-            first_line=min(base.line_no, group.line_no),
-        )
-        merged[id(target)] = copy
+        merged[id(target)] = _fold(merged.get(id(target), target), group)
     return [merged.get(id(g), g) for g in out]
+
+
+def class_from_message(message: str) -> Optional[str]:
+    """The exception class a message's wording gives away (``'X' object has no attribute 'y'`` is an
+    AttributeError), or None."""
+    for pattern, name in _CLASS_BY_MESSAGE:
+        if pattern.search(message):
+            return name
+    return None
+
+
+def _quoted_record(message: str) -> Optional[ExceptionRecord]:
+    found = _QUOTED.search(message)
+    if found is not None:
+        return ExceptionRecord(found.group("type"), found.group("msg").strip())
+    bare = _QUOTED_BARE.search(message)
+    if bare is not None:
+        quoted = bare.group("msg").strip()
+        name = class_from_message(quoted)
+        if name is not None:
+            return ExceptionRecord(name, quoted)
+    return None
 
 
 def _quoted_failures(group: FailureGroup) -> list[tuple[Failure, str]]:
@@ -352,17 +410,15 @@ def _quoted_failures(group: FailureGroup) -> list[tuple[Failure, str]]:
     wrapper = group.root.short_type or group.exc_type
     for exc in first.exceptions:
         message = exc.message
-        if "'" in message or '"' in message:
-            for found in _QUOTED.finditer(message):
-                record = ExceptionRecord(found.group("type"), found.group("msg").strip())
-                event = TracebackEvent(
-                    lane=first.lane, kind=KIND_TRACEBACK, exceptions=(record,), line_no=first.line_no,
-                    level=first.level, time=first.time, source=first.source, origin=first.origin,
-                    context=f"quoted by {exc.exc_type}", text=first.text, pid=getattr(first, "pid", None),
-                    confidence=LIKELY, basis=f"quoted in the message of {exc.short_type}",
-                )
-                out.append((event, wrapper))
-                break
+        record = _quoted_record(message) if ("'" in message or '"' in message) else None
+        if record is not None:
+            event = TracebackEvent(
+                lane=first.lane, kind=KIND_TRACEBACK, exceptions=(record,), line_no=first.line_no,
+                level=first.level, time=first.time, source=first.source, origin=first.origin,
+                context=f"quoted by {exc.exc_type}", text=first.text, pid=getattr(first, "pid", None),
+                confidence=LIKELY, basis=f"quoted in the message of {exc.short_type}",
+            )
+            out.append((event, wrapper))
         root = _TORCHRUN_ROOT.search(message) if "Root Cause" in message else None
         if root is not None:
             fields = {m.group("key"): m.group("value") for m in _TORCHRUN_FIELD.finditer(root.group("block"))}

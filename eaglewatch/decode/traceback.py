@@ -78,7 +78,10 @@ _EXC_NAME = (r"(?:[A-Za-z_]\w*\.)*(?:_?[A-Z]\w*(?:Error|Exception|Exit|Interrupt
              r"|Exception|BaseException)")
 _BARE_AT_START = re.compile(r"(?P<type>" + _EXC_NAME + r"(?:\([\w.]+\))?)(?::(?: ?(?P<msg>.*))?$|$)")
 _BARE_INSIDE = re.compile(r"(?<![\w.])(?P<type>" + _EXC_NAME + r"(?:\([\w.]+\))?): ")
+# The exception's repr, as ``logger.error(repr(e))`` prints it: ``AssertionError()``, ``ValueError('bad value')``.
+_REPR_AT_START = re.compile(r"(?P<type>" + _EXC_NAME + r")\((?:(?P<q>['\"])(?P<msg>.*)(?P=q))?\)\s*$")
 _LABEL_END = frozenset(":：】]>)*`'\" \t")
+_RAY_ACTOR_TAIL = ("The actor is dead because", "The actor never ran", "The actor died because")
 _REPEATED = re.compile(r"\s*\[Previous line repeated \d+ more times?\]")
 _PROCESS = re.compile(r"Process (?P<name>[^\s:]+):\s*$")
 _THREAD_HEAD = re.compile(r"(?:Current thread|Thread) 0x[0-9a-fA-F]+.*\(most recent call first\):\s*$")
@@ -191,6 +194,10 @@ def bare_exception(text: str) -> Optional[tuple[str, str, bool, int]]:
     if found:
         msg = found.group("msg")
         return found.group("type"), msg or "", msg is not None or text.endswith(":"), 0
+    found = _REPR_AT_START.match(text)
+    if found:
+        # A repr is a whole exception on one line: nothing follows on the lines below.
+        return found.group("type"), found.group("msg") or "", True, 0
     inside = _BARE_INSIDE.search(text, 1, 120)
     if inside is None or inside.start() > 60 or text[inside.start() - 1] not in _LABEL_END:
         return None
@@ -660,6 +667,12 @@ class TracebackAssembler:
             if head.startswith('File "') or _is_caret(head.strip()) or msg[:1] in (" ", "\t"):
                 self.unhead()
         if self._foreign(msg, level, source):
+            if level is not None and not cur.exc_type and self._starts_own_failure(msg):
+                # Another writer of this lane (a logger's records among a traceback printed bare) begins a
+                # failure of its own while this traceback still waits for its exception line: the two were
+                # interleaved, and this one will not end here. Close it as cut off and read the other afresh.
+                self._finish(out, complete=False)
+                return False
             return self._skip_foreign(out)
         after_frame = self.after_frame
         self.after_frame = False
@@ -778,6 +791,13 @@ class TracebackAssembler:
                 cur.blank_run = 0
                 self._keep(msg)
                 return True
+        if cur.exc_type and msg.startswith(_RAY_ACTOR_TAIL) and "Actor" in cur.exc_type:
+            # Ray's ActorDiedError: its fields indented, then why the actor died on an unindented line of its own.
+            if len(cur.msg_lines) < MAX_MESSAGE_LINES:
+                cur.msg_lines.append(msg)
+            cur.blank_run = 0
+            self._keep(msg)
+            return True
         if same_record or msg[:1] in (" ", "\t"):
             if _is_frame(msg.lstrip()) is not None and not same_record:
                 self._finish(out)
@@ -790,6 +810,13 @@ class TracebackAssembler:
             return True
         self._finish(out)
         return False
+
+    @staticmethod
+    def _starts_own_failure(msg: str) -> bool:
+        if msg.startswith(TB_START):
+            return True
+        bare = bare_exception(msg)
+        return bare is not None and bare[3] == 0 and bare[2]
 
     @staticmethod
     def _starts_something(msg: str) -> bool:
