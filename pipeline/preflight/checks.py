@@ -16,7 +16,7 @@ from eaglewatch.pipeline import output
 from eaglewatch.pipeline import plan
 from eaglewatch.pipeline.engines import cpu_build_of_vllm
 from eaglewatch.pipeline.prepared_data import DataReport
-from eaglewatch.pipeline.versions import MIN_VLLM
+from eaglewatch.pipeline.versions import MIN_VLLM, READ_VLLM, TESTED_VLLM, support_of
 from eaglewatch.pipeline.preflight.known_issues import KNOWN_ISSUES, RunFacts
 from eaglewatch.pipeline.preflight.vllm_source import (
     InstalledVLLM,
@@ -278,7 +278,11 @@ def check_versions(ctx: Context) -> list[CheckResult]:
     if parse_version(vllm.version) < MIN_VLLM:
         return [CheckResult("versions", FAIL, f"vLLM {vllm.version} predates native hidden-state extraction (0.18)",
                             "upgrade vLLM")]
-    results = [CheckResult("versions", PASS, f"{vllm.distribution} {vllm.version}")]
+    tried = {"run": "a version eaglewatch runs in its tests",
+             "read": "checked against its source, not run by eaglewatch's tests",
+             "neither": f"neither run nor read by eaglewatch (run: {', '.join(TESTED_VLLM)}; read: "
+                        f"{', '.join(READ_VLLM)})"}[support_of(vllm.version)]
+    results = [CheckResult("versions", PASS, f"{vllm.distribution} {vllm.version}: {tried}")]
     info = ctx.info
     assert info is not None
     facts = RunFacts(tp_size=ctx.cfg.tp_size, is_mla=info.is_mla, model_type=info.model_type,
