@@ -110,10 +110,14 @@ def clean_message(msg: str) -> str:
     if (msg[:1] in _CLEAN_FIRST or msg[-1:] in _CLEAN_FIRST) and not msg.startswith("***"):
         if msg.lstrip().startswith("```"):
             return ""
+        # A backtick at one end is the user's markdown when the line is wrapped in them or it has no partner;
+        # "returned `Poll::Ready(None)`" ends in an inline code span, which is the message's own text.
+        ticks_are_marks = (msg[:1] == "`" and msg[-1:] == "`") or msg.count("`") % 2 == 1
+        strip = "`*" if ticks_are_marks else "*"
         if msg[:1] in _CLEAN_FIRST:
-            msg = msg.lstrip("`*")
+            msg = msg.lstrip(strip)
         if msg[-1:] in _CLEAN_FIRST:
-            msg = msg.rstrip("`*")
+            msg = msg.rstrip(strip)
         if not msg.strip():
             return ""
     return msg

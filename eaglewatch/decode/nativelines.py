@@ -8,6 +8,8 @@
   ``CUDA error at file.cu:12 code=2(cudaErrorMemoryAllocation)`` (the CUDA samples' helper): kind ``native``,
   type ``CUDA Error``, the file and line as the frame.
 * ``failure detected by watchdog at work sequence id: 40231`` (PyTorch 2.6 and later's watchdog): kind ``watchdog``.
+* UCX's ``tcp_ep.c:1260 UCX  ERROR ...``, Ray's C++ ``[... E pid pid] core_worker.cc:228: ... IOError: ...`` (its
+  Status is the type), and a process-group watchdog that died of an error rather than a timeout: kind ``native``.
 * ``rocblaslt error: Could not load .../TensileLibrary_lazy_gfx942.dat`` (ROCm's BLAS libraries): kind ``native``,
   type ``rocblaslt error`` as printed.
 
@@ -27,6 +29,7 @@ from eaglewatch.decode.events import (
     Frame,
     TracebackEvent,
 )
+from eaglewatch.decode.exclass import class_from_message
 from eaglewatch.decode.frames import frame_kind
 
 WATCHDOG_TYPE = "NCCL watchdog timeout"
@@ -45,6 +48,18 @@ _WATCHDOG_FAILURE = re.compile(
 # "rocblaslt error: Could not load .../TensileLibrary_lazy_gfx942.dat".
 _NATIVE_LIBRARY = re.compile(
     r"(?P<lib>roc[Bb][Ll][Aa][Ss](?:[Ll][Tt])?|hip[Bb][Ll][Aa][Ss](?:[Ll][Tt])?) error: (?P<msg>\S.*)")
+# UCX (NIXL, LMCache, Mooncake transports): "[1749803291.555759] [host:7053 :0]  tcp_ep.c:1260 UCX  ERROR tcp_ep
+# 0x3c502370 (state=CONNECTED): send(110) failed: Input/output error".
+_UCX = re.compile(r"(?P<src>[\w.]+\.c):(?P<line>\d+) +UCX +ERROR +(?P<msg>\S.*)")
+# Ray's C++ core at level E or F with a Status in it: "[2024-06-13 16:11:51,588 E 13261 13261] core_worker.cc:228:
+# Failed to register worker ... to Raylet. IOError: [RayletClient] Unable to register worker with raylet. ..."
+_RAY_CPP = re.compile(
+    r"\[\d{4}-\d\d-\d\d [\d:,.]+ (?P<lvl>[EF]) \d+ \d+\] (?P<src>[\w.]+\.cc):(?P<line>\d+): (?P<msg>.*)")
+_RAY_STATUS = re.compile(r"\b(?P<status>IOError|Invalid|NotFound|TimedOut|OutOfMemory|ObjectStoreFull|OutOfDisk"
+                         r"|RpcError|NotImplemented|UnknownError): (?P<msg>\S.*)")
+# A process-group watchdog that died of an error (not a timeout), printed without the C++ abort around it:
+# "[PG ID 2 PG GUID 3 Rank 2] Process group watchdog thread terminated with exception: CUDA error: ...".
+_WATCHDOG_DIED = re.compile(r"Process group watchdog thread terminated with exception: (?P<msg>\S.*)")
 _NATIVE = re.compile(
     r"CUDA [Ee]rror: (?P<m1>.+?) at (?P<f1>[\w./\-]+\.\w+):(?P<l1>\d+)"
     r"|Failed: Cuda error (?P<f2>[\w./\-]+\.\w+):(?P<l2>\d+) '(?P<m2>[^']*)'"
@@ -56,7 +71,8 @@ _OP = re.compile(r"OpType=(?P<op>\w+)")
 
 def maybe_native(msg: str) -> bool:
     return "uda error" in msg or "UDA Error" in msg or "UDA error at" in msg or "blaslt error" in msg.lower() \
-        or "rocblas error" in msg.lower()
+        or "rocblas error" in msg.lower() or "UCX" in msg or ".cc:" in msg[:80] \
+        or "watchdog thread terminated" in msg
 
 
 def maybe_watchdog(msg: str) -> bool:
@@ -107,6 +123,12 @@ def native_failure(
 ) -> Optional[TracebackEvent]:
     found = _NATIVE.search(msg, 0, 4000)  # anywhere: a C++ printf glues its line to whatever came before
     if found is None:
+        other = _other_native(msg)
+        if other is not None:
+            exc, basis = other
+            return TracebackEvent(
+                lane=lane, kind=KIND_NATIVE, exceptions=(exc,), line_no=line_no, level=level, time=time,
+                source=source, text=msg.strip(), pid=pid, confidence=LIKELY, basis=basis)
         library = _NATIVE_LIBRARY.search(msg, 0, 400)
         if library is None:
             return None
@@ -126,3 +148,29 @@ def native_failure(
         line_no=line_no, level=level, time=time, source=source, text=msg.strip(), pid=pid,
         confidence=LIKELY, basis="native error line (no Python exception)",
     )
+
+
+def _other_native(msg: str) -> Optional[tuple[ExceptionRecord, str]]:
+    """UCX errors, Ray's C++ core errors with a Status, a process-group watchdog that died of an error."""
+    if "UCX" in msg:
+        ucx = _UCX.search(msg, 0, 400)
+        if ucx is not None:
+            frame = Frame(ucx.group("src"), int(ucx.group("line")), None, None, frame_kind(ucx.group("src")))
+            return ExceptionRecord("UCX ERROR", ucx.group("msg").strip(), (frame,)), "UCX error line"
+    if ".cc:" in msg[:80]:
+        ray = _RAY_CPP.match(msg)
+        if ray is not None:
+            status = _RAY_STATUS.search(ray.group("msg"))
+            frame = Frame(ray.group("src"), int(ray.group("line")), None, None, frame_kind(ray.group("src")))
+            if status is not None:
+                return (ExceptionRecord(status.group("status"), status.group("msg").strip(), (frame,)),
+                        "Ray core error line")
+            if ray.group("lvl") == "F":
+                return ExceptionRecord("Ray fatal error", ray.group("msg").strip(), (frame,)), "Ray core fatal line"
+    if "watchdog thread terminated" in msg:
+        died = _WATCHDOG_DIED.search(msg)
+        if died is not None:
+            quoted = died.group("msg").strip()
+            return (ExceptionRecord(class_from_message(quoted) or "c10::DistBackendError", quoted),
+                    "process-group watchdog died of an error")
+    return None

@@ -45,6 +45,7 @@ from eaglewatch.decode.events import (
     ProcessDeath,
     TracebackEvent,
 )
+from eaglewatch.decode.exclass import class_from_message
 from eaglewatch.decode.hints import Hint, classify
 from eaglewatch.decode.lanes import KIND_WORKER, MAIN_LANE, compress_names
 from eaglewatch.decode.nativelines import watchdog_key
@@ -100,16 +101,6 @@ _QUOTED = re.compile(
 # 'y'', please check the stack trace above for the root cause".
 _QUOTED_BARE = re.compile(
     r"Worker failed with error (?P<q>['\"])(?P<msg>.+?)(?P=q)(?=\s*(?:[,.;)]|$|please|see))", re.S)
-# The class an expert reads from a message alone, for quotes that drop it.
-_CLASS_BY_MESSAGE = (
-    (re.compile(r"object has no attribute '|^module '[^']+' has no attribute '"), "AttributeError"),
-    (re.compile(r"^(?:CUDA|HIP|NCCL|cuDNN|CUBLAS) error\b|^NCCL error"), "RuntimeError"),
-    (re.compile(r"^CUDA out of memory"), "torch.OutOfMemoryError"),
-    (re.compile(r"^No module named '"), "ModuleNotFoundError"),
-    (re.compile(r"index out of range$"), "IndexError"),
-    (re.compile(r"object is not (?:subscriptable|callable|iterable)|unsupported operand type"
-                r"|got an unexpected keyword argument|missing \d+ required positional argument"), "TypeError"),
-)
 _TORCHRUN_ROOT = re.compile(r"Root Cause \(first observed failure\):(?P<block>.*)", re.S)
 _TORCHRUN_FIELD = re.compile(r"^\s*(?P<key>rank|exitcode|traceback|host|time)\s*:\s*(?P<value>.*?)\s*$", re.M)
 _SIGNAL_IN_TEXT = re.compile(r"Signal (?P<num>\d+) \((?P<name>SIG[A-Z]+)\)")
@@ -378,15 +369,6 @@ def _merge_copies(groups: list[FailureGroup]) -> list[FailureGroup]:
             continue
         merged[id(target)] = _fold(merged.get(id(target), target), group)
     return [merged.get(id(g), g) for g in out]
-
-
-def class_from_message(message: str) -> Optional[str]:
-    """The exception class a message's wording gives away (``'X' object has no attribute 'y'`` is an
-    AttributeError), or None."""
-    for pattern, name in _CLASS_BY_MESSAGE:
-        if pattern.search(message):
-            return name
-    return None
 
 
 def _quoted_record(message: str) -> Optional[ExceptionRecord]:

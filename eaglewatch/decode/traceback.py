@@ -45,6 +45,7 @@ from eaglewatch.decode.events import (
     Frame,
     TracebackEvent,
 )
+from eaglewatch.decode.exclass import class_from_message
 from eaglewatch.decode.frames import frame_kind
 
 TB_START = "Traceback (most recent call last):"
@@ -81,6 +82,11 @@ _BARE_INSIDE = re.compile(r"(?<![\w.])(?P<type>" + _EXC_NAME + r"(?:\([\w.]+\))?
 # The exception's repr, as ``logger.error(repr(e))`` prints it: ``AssertionError()``, ``ValueError('bad value')``.
 _REPR_AT_START = re.compile(r"(?P<type>" + _EXC_NAME + r")\((?:(?P<q>['\"])(?P<msg>.*)(?P=q))?\)\s*$")
 _LABEL_END = frozenset(":：】]>)*`'\" \t")
+_WORKER_METHOD = re.compile(r"Exception in worker \S+ while processing method \w+: (?P<msg>.*?),?$")
+# Rust's panic report (tokenizers, Dynamo's frontend, anything with a Rust core): the message on the same line
+# (older Rust: "panicked at 'msg', src/x.rs:1:2") or on the next (newer: "panicked at src/x.rs:1:2:").
+_PANIC = re.compile(r"thread '(?P<thread>[^']*)' panicked at (?P<rest>.*)$")
+RUST_PANIC = "Rust panic"
 _RAY_ACTOR_TAIL = ("The actor is dead because", "The actor never ran", "The actor died because")
 _REPEATED = re.compile(r"\s*\[Previous line repeated \d+ more times?\]")
 _PROCESS = re.compile(r"Process (?P<name>[^\s:]+):\s*$")
@@ -151,6 +157,7 @@ def may_start(msg: str, level: Optional[str]) -> bool:
         or 'File "' in msg
         or "Traceback (most" in msg
         or "terminate called" in msg
+        or "panicked at" in msg
         or "ray::" in msg
         or "Interrupt" in msg
         or "Exit" in msg
@@ -442,6 +449,18 @@ class TracebackAssembler:
             self.cur.add_frame(_frame_from(_FILE.match(msg)))  # type: ignore[arg-type]
             self.after_frame = True
             return
+        elif "panicked at" in msg and _PANIC.search(msg):
+            self._begin(level, time, source, line_no, prev_msg, prev_record)
+            self.kind = KIND_ABORT
+            self.basis = "Rust panic report"
+            self.cur = _Exc(None)
+            self.cur.exc_type = RUST_PANIC
+            rest = _PANIC.search(msg).group("rest").strip()  # type: ignore[union-attr]
+            self.cur.msg_lines = [rest]
+            if not rest.endswith(":"):
+                self.abort_seen.add("panic message")  # the old layout: the message is on this line
+            self.state = _ABORT
+            self.provisional_due = True
         elif "terminate called" in msg and (msg.startswith(ABORT_START) or _ABORT_TYPE.search(msg)):
             self._begin(level, time, source, line_no, prev_msg, prev_record)
             self.kind = KIND_ABORT
@@ -508,9 +527,16 @@ class TracebackAssembler:
             self._begin(level, time, source, line_no, None, None)
             head = msg[:cut].strip()
             named = exception_line(head) if "   " in msg[:cut] else None
+            worker = _WORKER_METHOD.match(head)
             if named is not None and not named[2]:
                 self.ipython = True  # "ValueError                 Traceback (most recent call last)"
                 self.pending_exc = (named[0], "")
+            elif worker is not None:
+                # vLLM's worker wrapper: "Exception in worker W while processing method M: <str(e)>, Traceback":
+                # the exception line that the traceback should end in, in case the log loses it.
+                self.context = head
+                quoted = worker.group("msg").strip()
+                self.pending_exc = (class_from_message(quoted) or "Exception", quoted)
             elif head:
                 self.context = head
             self.cur = _Exc(None)
@@ -915,6 +941,14 @@ class TracebackAssembler:
         cur = self.cur
         assert cur is not None
         stripped = msg.strip()
+        if cur.exc_type == RUST_PANIC:
+            if stripped.startswith("note: run with") or stripped.startswith("stack backtrace:"):
+                return True
+            if stripped and "panic message" not in self.abort_seen:
+                cur.msg_lines = [stripped, f"(at {cur.msg_lines[0].rstrip(':')})"]
+                self.abort_seen.add("panic message")
+                return True
+            return False
         if stripped.startswith("what():"):
             cur.msg_lines = [msg[msg.index("what():") + len("what():"):].strip()]
             cur.raw_lens = [len(msg)]

@@ -1,0 +1,29 @@
+"""The exception class a message's wording gives away, for reports that quote ``str(e)`` and drop the class.
+
+``'X' object has no attribute 'y'`` is an AttributeError whoever prints it; an expert reads the class from the
+words. Only wordings that belong to one class are listed.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+_CLASS_BY_MESSAGE = (
+    (re.compile(r"object has no attribute '|^module '[^']+' has no attribute '"), "AttributeError"),
+    (re.compile(r"^(?:CUDA|HIP|NCCL|cuDNN|CUBLAS) error\b|^NCCL error"), "RuntimeError"),
+    (re.compile(r"^shape '\[[^\]]*\]' is invalid for input of size \d+"), "RuntimeError"),
+    (re.compile(r"^CUDA out of memory"), "torch.OutOfMemoryError"),
+    (re.compile(r"^No module named '"), "ModuleNotFoundError"),
+    (re.compile(r"index out of range$"), "IndexError"),
+    (re.compile(r"object is not (?:subscriptable|callable|iterable)|unsupported operand type"
+                r"|got an unexpected keyword argument|missing \d+ required positional argument"), "TypeError"),
+)
+
+
+def class_from_message(message: str) -> Optional[str]:
+    """The class an expert names from the message alone, or None."""
+    for pattern, name in _CLASS_BY_MESSAGE:
+        if pattern.search(message):
+            return name
+    return None
