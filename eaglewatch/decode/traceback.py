@@ -560,12 +560,24 @@ class TracebackAssembler:
         if level in _QUIET_LEVELS:
             return False
         bare = bare_exception(msg)
+        if bare is None and msg[:1] == " " and level is None and not self.prev_indented:
+            # An exception line quoted in prose with the writer's own indent ("  RuntimeError: ..."): only a
+            # whole "Type: message", never a source line, which would sit under a frame.
+            lead = len(msg) - len(msg.lstrip(" "))
+            quoted = bare_exception(msg[lead:]) if lead <= 4 else None
+            if quoted is not None and quoted[2] and quoted[1].strip() and quoted[3] == 0:
+                bare = quoted
         if bare is None:
             return False
         exc_type, message, colon, start = bare
-        if not colon and not self.prev_indented:
-            return False  # "SomethingError" alone on a line, with nothing around it that says traceback
+        after_statement = bool(prev_msg) and prev_msg.lstrip().startswith(("assert ", "raise "))
+        if not colon and not self.prev_indented and not after_statement:
+            # "SomethingError" alone on a line, with nothing around it that says traceback (a frame's source
+            # line above it, "assert x >= y" pasted without its indent, does).
+            return False
         self._begin(level, time, source, line_no, prev_msg, prev_record)
+        if after_statement and not colon:
+            self.text.append(prev_msg)  # the statement that failed is all there is of where
         self.cur = _Exc(None)
         self.cur.exc_type = exc_type
         self.cur.msg_lines = [message]

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 
 from eaglewatch import protocol as p
 from eaglewatch.decode import BarUpdate, Decoder, LineEvent
+from eaglewatch.tui.runstate.jobkind import SPECULATORS_DATAGEN, SampleCounts, kind_of_command, sample_counts
 from eaglewatch.tui.messages import (
     Event,
     ExitInfo,
@@ -531,13 +532,31 @@ class RunModel:
             return "stalled"
         if phase:
             return phase
+        if self._sample_bar() is not None:
+            return p.PHASE_EXTRACTING  # a known job past its start: its samples are going through
         return "starting" if self._job_state in (None, p.JOB_STARTING) else "running"
+
+    def _sample_bar(self) -> Optional[SampleCounts]:
+        """The latest frame of a known job's sample bar (speculators' data generation), if it has one."""
+        found = None
+        for bar in self.decoder.state.bars_list():
+            counts = sample_counts(bar.last)
+            if counts is not None:
+                found = counts
+        return found
+
+    def _job_kind(self) -> Optional[str]:
+        words = self._summary.get("argv")
+        kind = kind_of_command([str(w) for w in words]) if isinstance(words, (list, tuple)) else None
+        if kind is None and self._sample_bar() is not None:
+            kind = SPECULATORS_DATAGEN
+        return kind
 
     def _load_bars(self) -> tuple[LoadBar, ...]:
         bars = []
         for bar in self.decoder.state.bars_list():
             last = bar.last
-            if last.desc.startswith(_EXTRACT_BAR):
+            if last.desc.startswith(_EXTRACT_BAR) or sample_counts(last) is not None:
                 continue
             bars.append(LoadBar(bar.lane, last.desc, last.n, last.total, last.per_second, last.unit,
                                 last.eta_s, last.done))
@@ -552,6 +571,13 @@ class RunModel:
                 if bar.last.desc.startswith(_EXTRACT_BAR):
                     done = int(bar.last.n)
                     total = total or _int(bar.last.total)
+        samples = self._sample_bar() if done is None else None
+        if samples is not None:
+            # A job without eaglewatch's events (speculators' own pipeline): its sample bar is the progress.
+            return Extraction(done=samples.n, total=samples.total, samples_per_s=samples.per_second,
+                              eta_s=samples.remaining_s if self._running() else None,
+                              disk_free=_int(disk.get("free")), disk_total=_int(disk.get("total")),
+                              disk_full_in_s=_float(disk.get("full_in_s")), failed_samples=samples.err)
         if done is None and info:
             done = _int(info.get("resumed_samples"))
         return Extraction(
@@ -663,6 +689,7 @@ class RunModel:
                 and self._phase not in _AFTER_LOADING else None,
                 load_step_age_s=(self.clock() - self._load_step[1]) if self._load_step else None,
                 checks=self._preflight.views(self.wall()),
+                job_kind=self._job_kind(),
             )
 
 

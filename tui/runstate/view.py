@@ -49,6 +49,7 @@ class Extraction:
     disk_full_in_s: Optional[float] = None  # at the disk's recent growth rate
     bytes_to_go: Optional[int] = None  # what the rest of the extraction will write, estimated
     resumed: int = 0
+    failed_samples: Optional[int] = None  # samples a job reported as failed and went past (speculators' err=)
 
 
 @dataclass(frozen=True)
@@ -172,3 +173,4 @@ class RunView:
     load_step: Optional[str] = None  # the engine's latest INFO line while it starts ("Model loading took ...")
     load_step_age_s: Optional[float] = None  # how long ago that line came
     checks: tuple[CheckView, ...] = ()  # the preflight's checks, in the order they first came
+    job_kind: Optional[str] = None  # a job the dashboard knows other than eaglewatch's own (runstate/jobkind.py)

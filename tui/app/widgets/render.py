@@ -166,6 +166,8 @@ def extraction_text(view: RunView, width: int) -> Text:
     text = Text(no_wrap=True, overflow="ellipsis")
     fraction = ex.done / ex.total if ex.done is not None and ex.total else None
     count = f"{fmt_count(ex.done)}/{fmt_count(ex.total)}" if ex.total else fmt_count(ex.done)
+    if view.job_kind:
+        text.append(f"{view.job_kind}\n", "dim")
     text.append("samples ", "dim")
     text.append(count, "bold")
     text.append(" ")
@@ -173,10 +175,19 @@ def extraction_text(view: RunView, width: int) -> Text:
     if fraction is not None:
         text.append(f" {100 * fraction:3.0f}%")
     text.append("\n")
-    text.append("tokens/s ", "dim")
-    text.append(f"{ex.tokens_per_s:,.0f}" if ex.tokens_per_s is not None else "?")
-    text.append("  written ", "dim")
-    text.append(fmt_gb(ex.bytes) if ex.bytes >= 1e8 else fmt_bytes(ex.bytes))
+    if ex.tokens_per_s is None and ex.samples_per_s is not None:
+        text.append("samples/s ", "dim")
+        text.append(f"{ex.samples_per_s:,.1f}")
+    else:
+        text.append("tokens/s ", "dim")
+        text.append(f"{ex.tokens_per_s:,.0f}" if ex.tokens_per_s is not None else "?")
+    if ex.failed_samples is not None:
+        # A job that skips failed samples and goes on (speculators'): how many it lost says more than bytes.
+        text.append("  failed ", "dim")
+        text.append(f"{ex.failed_samples:,}", "bold red" if ex.failed_samples else "")
+    else:
+        text.append("  written ", "dim")
+        text.append(fmt_gb(ex.bytes) if ex.bytes >= 1e8 else fmt_bytes(ex.bytes))
     text.append("  eta ", "dim")
     text.append("done" if view.phase == "done" else fmt_duration(ex.eta_s))
     text.append("\n")
