@@ -15,11 +15,19 @@ the top, and ``hidden_states/`` holding one relative symbolic link per row to th
 copied). Rows follow the prepared data's order; the dataset's ``sample_id`` column and ``speculators.json`` lead
 from a row back to eaglewatch's sample. eaglewatch's files are left as they are, so resume and ``verify`` work as
 before; exporting again replaces what an earlier export wrote.
+
+``extract --format speculators`` writes this same view at the end of its run (``export_speculators``): one writer
+of sample files, and the view over them. FP8 files (``--storage fp8``) are speculators' own FP8 layout; its trainer
+reads them with ``--hidden-states-backend fp8``, which the record and the printed command carry. Exports into one
+folder take turns (an exclusive ``flock`` on the folder itself): the ranks of a data-parallel run that finish
+together, or an export by hand beside them, never write the view at the same time.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import shlex
@@ -40,6 +48,9 @@ HIDDEN_STATES_DIR = "hidden_states"
 EXPORT_RECORD = "speculators.json"
 TOKEN_FREQ = "token_freq.pt"
 DATASET_FILES = ("dataset_info.json", "state.json")  # besides data-*.arrow
+WORK_PREFIX = ".export-"
+# speculators train's backend that dequantizes FP8 files as it reads them (hs_connectors' FP8Transfer).
+FP8_BACKEND = "fp8"
 
 
 @dataclass
@@ -51,13 +62,23 @@ class ExportReport:
     final_layer_id: int
     draft_vocab_size: int | None
     files: list[str] = field(default_factory=list)
+    hidden_states_backend: str | None = None  # None: speculators' default ("file")
 
     def train_command(self, verifier: str) -> str:
         words = ["speculators", "train", "--verifier-name-or-path", verifier, "--data-path", str(self.folder),
                  "--target-layer-ids", *map(str, self.target_layer_ids)]
         if self.draft_vocab_size:
             words += ["--draft-vocab-size", str(self.draft_vocab_size)]
+        if self.hidden_states_backend:
+            words += ["--hidden-states-backend", self.hidden_states_backend]
         return " ".join(shlex.quote(w) for w in words)
+
+    def describe(self, verifier: str) -> list[str]:
+        """What the operator needs to train on the folder: where, which layer ids to pass, the command."""
+        return [f"speculators layout: {self.rows} samples ({self.tokens} tokens) in {self.folder}",
+                f"pass --target-layer-ids {' '.join(map(str, self.target_layer_ids))} (the auxiliary layers; the "
+                f"final layer {self.final_layer_id} is last in each file)",
+                "train with: " + self.train_command(verifier)]
 
 
 def layer_order_problem(layer_ids: list[int], num_hidden_layers: int) -> str | None:
@@ -88,6 +109,20 @@ def _manifests(folder: Path) -> list[dict[str, Any]]:
     return found
 
 
+def unfinished_ranks(folder: Path) -> list[str]:
+    """Why the folder's extraction is not whole yet, one phrase per rank (empty when every rank is done): a rank
+    still running, or one of ``world_size`` ranks without a manifest."""
+    manifests = _manifests(folder)
+    why = [f"rank {m.get('rank', 0)} is {m.get('status')!r}" for m in manifests if m.get("status") != "done"]
+    worlds = {m.get("world_size", 1) for m in manifests}
+    if len(worlds) == 1:
+        world = next(iter(worlds))
+        seen = {m.get("rank", 0) for m in manifests}
+        if isinstance(world, int):
+            why += [f"rank {r} of {world} has no manifest yet" for r in range(world) if r not in seen]
+    return why
+
+
 def _agreed(manifests: list[dict[str, Any]], key: str) -> Any:
     values = {json.dumps(m.get(key)) for m in manifests}
     if len(values) > 1:
@@ -95,15 +130,17 @@ def _agreed(manifests: list[dict[str, Any]], key: str) -> Any:
     return manifests[0].get(key)
 
 
-def _rows(folder: Path, prepared: Path) -> Iterator[tuple[str, Path]]:
+def _rows(folder: Path, prepared: Path, max_seq_len: int | None) -> Iterator[tuple[str, Path]]:
     """(sample id, file) in the prepared data's order, for each sample that has a file; the file must hold the
-    same tokens as the prepared sample (its stored hash), or the export stops."""
+    same tokens as the prepared sample (its stored hash; cut to ``max_seq_len``, as extract truncates), or the
+    export stops."""
     for sample in iter_prepared(prepared):
         path = output.sample_path(folder, sample.id)
         if not path.exists():
             continue
         stored = output.stored_sample_hash(path, output.read_header(path))
-        if stored is not None and stored != output.sample_hash(sample.input_ids, sample.loss_mask):
+        ids, mask = sample.input_ids[:max_seq_len], sample.loss_mask[:max_seq_len]
+        if stored is not None and stored != output.sample_hash(ids, mask):
             raise UserError(f"{path.name} holds other tokens than sample {sample.id} at line {sample.line_no} of "
                             f"{prepared}: export with the prepared data this folder was extracted from")
         yield sample.id, path
@@ -151,9 +188,9 @@ def export_speculators(folder: str | Path, *, prepared_data: str | Path | None =
     if not folder.is_dir():
         raise UserError(f"{folder} is not a folder")
     manifests = _manifests(folder)
-    unfinished = [m for m in manifests if m.get("status") != "done"]
+    unfinished = unfinished_ranks(folder)
     if unfinished:
-        raise UserError(f"the extraction in {folder} has not finished (status {unfinished[0].get('status')!r}): "
+        raise UserError(f"the extraction in {folder} has not finished ({'; '.join(unfinished)}): "
                         "run the same extract command to finish it, then export")
     layer_ids = [int(k) for k in _agreed(manifests, "layer_ids")]
     num_layers = int(_agreed(manifests, "num_hidden_layers"))
@@ -169,17 +206,84 @@ def export_speculators(folder: str | Path, *, prepared_data: str | Path | None =
         if verifier_vocab_size is None:
             raise UserError("cannot read the verifier's vocab_size from the model folder the manifest names: "
                             "pass --verifier-vocab-size")
-    _clear_earlier_export(folder)
-    work = Path(tempfile.mkdtemp(prefix=".export-", dir=folder))
+    storages = sorted({str(output.identity_value(m, "storage")) for m in manifests})
+    if len(storages) > 1:
+        raise UserError(f"the manifests in this folder disagree on storage: {storages}")
+    storage = storages[0]
+    max_seq_len = _agreed(manifests, "max_seq_len")
+    _check_view_folder(folder)
+    # Everything checked, nothing written yet: a refused export leaves the folder as it was.
+    with _export_lock(folder):
+        clear_view(folder)
+        work = Path(tempfile.mkdtemp(prefix=WORK_PREFIX, dir=folder))
+        try:
+            return _write(folder, work, prepared, layer_ids, num_layers, draft_vocab_size, verifier_vocab_size,
+                          max_seq_len if isinstance(max_seq_len, int) else None,
+                          FP8_BACKEND if storage == output.STORAGE_FP8 else None, manifests)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _export_lock(folder: Path) -> Iterator[None]:
+    """One export at a time into a folder (the lock waits): the view is cleared and moved into place whole. The
+    lock is on the folder itself, so that an export adds no file of its own (a refused one leaves the folder as it
+    was), and it is apart from the writers' lock files, which a running extract holds."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        report = _write(folder, work, prepared, layer_ids, num_layers, draft_vocab_size, verifier_vocab_size)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
     finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return report
+        os.close(fd)
+
+
+def view_record(folder: Path) -> dict[str, Any] | None:
+    """The record of the view in ``folder`` (``speculators.json``), or None when there is none or it is damaged."""
+    try:
+        record = json.loads((Path(folder) / EXPORT_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _extractions(manifests: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the view was made from: each rank's end of extraction. Any later run that writes a file ends with a
+    new one, so a view whose record still names these is the view of the files there."""
+    return {str(m.get("rank", 0)): m.get("finished_at") for m in manifests}
+
+
+def view_is_current(folder: Path, draft_vocab_size: int | None) -> bool:
+    """Whether the folder's view was written from its files as they are now (and with this draft vocabulary)."""
+    record = view_record(folder)
+    if record is None or record.get("draft_vocab_size") != draft_vocab_size:
+        return False
+    try:
+        manifests = _manifests(Path(folder))
+    except UserError:
+        return False
+    return record.get("extractions") == _extractions(manifests) and (Path(folder) / HIDDEN_STATES_DIR).is_dir()
+
+
+def report_of_view(folder: Path) -> ExportReport:
+    """The report of the view already in ``folder``, from its record."""
+    record = view_record(folder)
+    if record is None:
+        raise UserError(f"{folder} holds no speculators view ({EXPORT_RECORD})")
+    backend = record.get("hidden_states_backend")
+    return ExportReport(Path(folder), int(record["rows"]), int(record["tokens"]), list(record["target_layer_ids"]),
+                        int(record["final_layer_id"]), record.get("draft_vocab_size"),
+                        hidden_states_backend=None if backend in (None, "file") else str(backend))
+
+
+def remove_view(folder: Path) -> None:
+    """Remove the folder's view (waiting for an export in progress to end first)."""
+    with _export_lock(Path(folder)):
+        clear_view(Path(folder))
 
 
 def _write(folder: Path, work: Path, prepared: Path, layer_ids: list[int], num_layers: int,
-           draft_vocab_size: int | None, verifier_vocab_size: int | None) -> ExportReport:
+           draft_vocab_size: int | None, verifier_vocab_size: int | None, max_seq_len: int | None,
+           backend: str | None, manifests: list[dict[str, Any]]) -> ExportReport:
     try:
         import datasets
     except ImportError:
@@ -191,16 +295,18 @@ def _write(folder: Path, work: Path, prepared: Path, layer_ids: list[int], num_l
     links.mkdir()
     freq: Counter[int] = Counter()
     rows = tokens = 0
+    row_ids: list[str] = []
 
     def generate() -> Iterator[dict[str, Any]]:
         nonlocal rows, tokens
-        for sample_id, path in _rows(folder, prepared):
+        for sample_id, path in _rows(folder, prepared, max_seq_len):
             with safe_open(str(path), framework="pt") as f:
                 ids = f.get_tensor("token_ids").to(torch.int64)
                 mask = f.get_tensor("loss_mask").to(torch.int64)
             masked = ids[mask.bool()].tolist()
             freq.update(masked)
             os.symlink(os.path.join("..", path.name), links / f"hs_{rows}.safetensors")
+            row_ids.append(sample_id)
             rows += 1
             tokens += len(ids)
             yield {"input_ids": ids.tolist(), "loss_mask": mask.tolist(), "seq_len": len(ids), "sample_id": sample_id}
@@ -231,11 +337,14 @@ def _write(folder: Path, work: Path, prepared: Path, layer_ids: list[int], num_l
         for name, array in ((f"d2t-{draft_vocab_size}.npy", d2t), (f"t2d-{draft_vocab_size}.npy", t2d)):
             np.save(work / name, array)
             written.append(name)
-    report = ExportReport(folder, rows, tokens, layer_ids[:-1], layer_ids[-1], draft_vocab_size)
-    record = {"format": "speculators", "rows": rows, "tokens": tokens, "row_to_sample": "sample_id column",
+    report = ExportReport(folder, rows, tokens, layer_ids[:-1], layer_ids[-1], draft_vocab_size,
+                          hidden_states_backend=backend)
+    record = {"format": "speculators", "rows": rows, "tokens": tokens,
+              "row_to_sample": "row r is sample_ids[r] (also the dataset's sample_id column)",
               "target_layer_ids": report.target_layer_ids, "final_layer_id": report.final_layer_id,
               "num_hidden_layers": num_layers, "draft_vocab_size": draft_vocab_size,
-              "prepared_data": str(prepared.resolve())}
+              "hidden_states_backend": backend or "file", "prepared_data": str(prepared.resolve()),
+              "extractions": _extractions(manifests), "sample_ids": row_ids}
     (work / EXPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n")
     written.append(EXPORT_RECORD)
     # Into place: the dataset's files, the links, the vocabulary files, the record last (it says the export is whole).
@@ -249,8 +358,8 @@ def _write(folder: Path, work: Path, prepared: Path, layer_ids: list[int], num_l
     return report
 
 
-def _clear_earlier_export(folder: Path) -> None:
-    """Remove what an earlier export wrote; refuse to touch a ``hidden_states/`` that holds more than links."""
+def _check_view_folder(folder: Path) -> None:
+    """Refuse a ``hidden_states/`` that is not this export's: something else, or a folder with more than links."""
     links = folder / HIDDEN_STATES_DIR
     if links.is_symlink() or (links.exists() and not links.is_dir()):
         raise UserError(f"{links} is not a folder of this export's links; move it away")
@@ -259,6 +368,17 @@ def _clear_earlier_export(folder: Path) -> None:
         if foreign:
             raise UserError(f"{links} holds files that are not links to this folder's samples (e.g. "
                             f"{foreign[0].name}); move it away before exporting")
+
+
+def clear_view(folder: Path) -> None:
+    """Remove what an earlier export wrote (and a killed one's work folder); refuse to touch a ``hidden_states/``
+    that holds more than links. Called with the export lock held, or by the folder's only writer."""
+    _check_view_folder(folder)
+    for leftover in folder.glob(WORK_PREFIX + "*"):
+        if leftover.is_dir() and not leftover.is_symlink():
+            shutil.rmtree(leftover, ignore_errors=True)
+    links = folder / HIDDEN_STATES_DIR
+    if links.is_dir():
         shutil.rmtree(links)
     for path in [folder / EXPORT_RECORD, folder / TOKEN_FREQ, *(folder / n for n in DATASET_FILES),
                  *folder.glob("data-*-of-*.arrow"), *folder.glob("d2t-*.npy"), *folder.glob("t2d-*.npy")]:

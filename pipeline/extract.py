@@ -7,7 +7,8 @@ Order of work, so that bad input fails in seconds rather than after the model lo
    earlier run);
 2. load the engine;
 3. extract what is not done yet (resume is the default): as a stream (vllm's default: a bounded window of samples in
-   flight, the engine never drains until the last sample) or in fixed batches (``--exact``, and the hf engine).
+   flight, the engine never drains until the last sample) or in fixed batches (``--exact``, and the hf engine);
+4. with ``--format speculators``, write the trainer's view of the folder (``export.py``) once every rank is done.
 
 With fixed batches, a batch is re-run whole unless all its files are complete, so a resumed run feeds the engine
 exactly the batches an uninterrupted run would: the files come out bit-identical. The stream resumes per sample; its
@@ -17,6 +18,7 @@ files are whole and within float rounding of each other across runs (docs/pipeli
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -25,7 +27,8 @@ from typing import Any, TextIO
 
 from eaglewatch import protocol
 from eaglewatch.errors import UserError
-from eaglewatch.pipeline import output
+from eaglewatch.pipeline import export, output
+from eaglewatch.pipeline import model_info as mi
 from eaglewatch.pipeline import plan as planning
 from eaglewatch.pipeline.engines import Engine, StreamingEngine, Window, cpu_build_of_vllm, make_engine
 from eaglewatch.pipeline.engines import durability
@@ -154,6 +157,10 @@ def _validate_and_extract(cfg: ExtractConfig, lock: OutputLock, events: JobEvent
     # learn where the job writes from the job itself instead of reading its command line.
     events.emit(protocol.EVENT_INFO, output_dir=str(cfg.output_path))
     events.phase(protocol.PHASE_VALIDATING)
+    if cfg.output_format == planning.FORMAT_SPECULATORS:
+        # Before preflight, whose miniature runs an engine: a layer order the trainer cannot take fails in
+        # milliseconds (the model's config.json is all it needs), not after a minute or after the extraction.
+        planning.check_output_format(cfg, mi.load_model_info(cfg.model_path, check_shards=False))
     preflight = None if cfg.no_preflight else _preflight(cfg, events, echo)
     visible = None
     if cfg.engine == "vllm" and not cpu_build_of_vllm():
@@ -199,7 +206,8 @@ def _validate_and_extract(cfg: ExtractConfig, lock: OutputLock, events: JobEvent
         events.say(f"this run selects part of the data {cfg.output_path} was extracted from; "
                    "its manifest stays as it is")
     manifest = output.base_manifest(
-        **planning.identity(plan.info, plan.layer_ids, plan.dtype, cfg.max_seq_len),
+        **planning.identity(plan.info, plan.layer_ids, plan.dtype, cfg.max_seq_len, cfg.storage),
+        output_format=cfg.output_format, draft_vocab_size=cfg.draft_vocab_size,
         model_path=str(plan.info.path), architectures=list(plan.info.architectures),
         num_hidden_layers=plan.info.num_hidden_layers, hidden_size=plan.info.hidden_size,
         **planning.selection(cfg), engine=cfg.engine, tp_size=cfg.tp_size, batch_size=cfg.fixed_batch_size,
@@ -226,8 +234,16 @@ def _validate_and_extract(cfg: ExtractConfig, lock: OutputLock, events: JobEvent
             manifest.update(status="done", finished_at=time.time(), samples_written=0)
             _write_manifest(cfg, manifest_path, manifest)
             result = manifest
+        _finish_view(cfg, plan, events, result)
         events.phase(protocol.PHASE_DONE, "nothing to do")
         return result
+    if export.view_record(plan.output_dir) is not None or (plan.output_dir / export.HIDDEN_STATES_DIR).is_dir():
+        # The view describes the files as they were; this run changes them. Gone until it is written again (at the
+        # end with --format speculators, else by `eaglewatch export`), so it never leads a trainer to stale rows.
+        export.remove_view(plan.output_dir)
+        if cfg.output_format != planning.FORMAT_SPECULATORS:
+            events.warning(f"this run changes the files of {plan.output_dir}: its speculators view was removed; "
+                           "write it again with `eaglewatch export` or --format speculators", code="view_removed")
 
     events.phase(protocol.PHASE_LOADING, f"{len(plan.info.shards)} shards, {cfg.engine} engine")
     engine = make_engine(cfg.engine_options(), plan.info.path, plan.layer_ids, plan.dtype)
@@ -268,6 +284,8 @@ def _validate_and_extract(cfg: ExtractConfig, lock: OutputLock, events: JobEvent
             syncer.close(final=False)
     stats = report.stats()
     engine.close()
+    if cfg.storage == output.STORAGE_FP8:
+        stats["fp8_error"] = fp8_error_of_share(plan)
     if syncer is not None:
         # Every file of the run reaches the disk before the run says it is done; timed apart from the extraction.
         stats["sync_s"] = round(syncer.close(final=True), 3)
@@ -278,8 +296,57 @@ def _validate_and_extract(cfg: ExtractConfig, lock: OutputLock, events: JobEvent
         manifest.update(status="done", finished_at=time.time(), **stats)
         _write_manifest(cfg, manifest_path, manifest)
         result = manifest
+    _finish_view(cfg, plan, events, result)
     events.phase(protocol.PHASE_DONE, f"{stats['samples_written']} samples, {stats['tokens_per_s']:.0f} tokens/s")
     return result
+
+
+def _finish_view(cfg: ExtractConfig, plan: Plan, events: JobEvents, result: dict[str, Any]) -> None:
+    """With ``--format speculators``: the trainer's view of the folder, written through the export once every
+    rank's manifest says done (the last rank to finish writes it), kept when it already describes these files.
+    ``result`` gets ``speculators``: what the operator passes to the trainer."""
+    if cfg.output_format != planning.FORMAT_SPECULATORS:
+        return
+    folder = plan.output_dir
+    waiting = export.unfinished_ranks(folder)
+    if waiting:
+        events.say(f"this rank is done; the speculators view is written by the last rank to finish "
+                   f"({'; '.join(waiting)})")
+        result["speculators"] = {"written": False, "waiting_for": waiting}
+        return
+    started = time.time()
+    if export.view_is_current(folder, cfg.draft_vocab_size):
+        report = export.report_of_view(folder)
+        events.say("the speculators view already describes these files; kept as it is")
+    else:
+        try:
+            report = export.export_speculators(folder, draft_vocab_size=cfg.draft_vocab_size,
+                                               verifier_vocab_size=plan.info.vocab_size)
+        except UserError as exc:
+            raise UserError(f"every sample is extracted, but the speculators view could not be written: {exc}. "
+                            "Run the same command again once that is fixed (only the view is written), or "
+                            "`eaglewatch export`") from None
+    command = report.train_command(os.path.abspath(plan.info.path))
+    result["speculators"] = {"written": True, "rows": report.rows, "tokens": report.tokens,
+                             "target_layer_ids": report.target_layer_ids, "final_layer_id": report.final_layer_id,
+                             "draft_vocab_size": report.draft_vocab_size,
+                             "hidden_states_backend": report.hidden_states_backend, "train_command": command,
+                             "seconds": round(time.time() - started, 3)}
+    events.emit(protocol.EVENT_INFO, speculators_view=result["speculators"])
+    for line in report.describe(os.path.abspath(plan.info.path)):
+        events.say(line)
+
+
+def fp8_error_of_share(plan: Plan) -> dict[str, Any]:
+    """The FP8 rounding error per layer over this run's share of the folder, from what each file's writer
+    recorded in its header (the states before rounding are only ever in the writer's hands)."""
+    summary = output.Fp8ErrorSummary(list(plan.layer_ids))
+    for sample in plan.samples:
+        try:
+            summary.add(output.read_header(output.sample_path(plan.output_dir, sample.id)))
+        except (OSError, ValueError):
+            summary.without_record += 1
+    return summary.as_dict()
 
 
 def _same_selection(existing: dict[str, Any], cfg: ExtractConfig) -> bool:
@@ -393,7 +460,10 @@ def _extract_stream(engine: Engine, plan: Plan, cfg: ExtractConfig, report: _Rep
     """The engine keeps a window of samples in flight from the first to the last; each file is told as it lands."""
     streaming: StreamingEngine = engine  # type: ignore[assignment]  # the vllm engine; hf runs batches
     paths = [output.sample_path(plan.output_dir, s.id) for s in todo]
-    for indexes in streaming.stream(todo, paths, stream_window(cfg, plan.bytes_per_token), cfg.write_timeout):
+    # What waits for the writer is the states as computed (FP8 rounding happens in the writer): the window is in
+    # their bytes, not the file's.
+    computed = mi.bytes_per_token(len(plan.layer_ids), plan.info.hidden_size, plan.dtype)
+    for indexes in streaming.stream(todo, paths, stream_window(cfg, computed), cfg.write_timeout):
         report.landed([todo[i] for i in indexes], [paths[i] for i in indexes])
 
 
@@ -420,6 +490,18 @@ def run(args: argparse.Namespace) -> int:
     if manifest.get("samples_written"):
         print(f"extracted {manifest['samples_written']} samples into {args.output_dir} "
               f"({manifest.get('tokens_per_s', 0):.0f} tokens/s)")
+        layers = (manifest.get("fp8_error") or {}).get("layers")
+        if layers:
+            print("fp8 rounding error per layer (mean per-token |fp8 - x| / |x|): " + ", ".join(
+                f"{layer['layer_id']}: {layer['mean_error']:.3g}" for layer in layers))
     else:
         print(f"nothing to do: every sample is already extracted in {args.output_dir}")
+    view = manifest.get("speculators")
+    if view and view["written"]:
+        print(f"speculators layout: {view['rows']} samples in {args.output_dir}; pass --target-layer-ids "
+              f"{' '.join(map(str, view['target_layer_ids']))} (final layer {view['final_layer_id']} last in each "
+              "file)")
+        print(f"train with: {view['train_command']}")
+    elif view:
+        print(f"speculators layout: written by the last rank to finish ({'; '.join(view['waiting_for'])})")
     return 0

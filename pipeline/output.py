@@ -2,10 +2,14 @@
 
 Each sample file holds ``hidden_states [seq, n_layers, hidden]`` (model dtype), ``token_ids [seq]`` (int64) and
 ``loss_mask [seq]`` (int8): the layout the speculators EAGLE-3 trainer reads; the header's ``__metadata__`` holds
-the sha256 of the token ids and loss mask (``SAMPLE_HASH_KEY``). Files are written atomically (temporary name,
-fsync, rename; the temporary file is removed when a write fails), so a file under its final name is complete;
-resuming checks each one's header against the manifest, and its hash against the prepared sample of the same id,
-before skipping its sample.
+the sha256 of the token ids and loss mask (``SAMPLE_HASH_KEY``). With FP8 storage (``--storage fp8``) the file is
+speculators 0.9's FP8 layout instead: ``hidden_states`` in float8_e4m3fn and ``hidden_states_scales [seq, 1, 1]``
+(float32, each token's largest |value| over all its layers / 448), plus the quantization's own error per layer in
+the metadata (``FP8_ERROR_KEY``), measured against the states as computed before they were rounded.
+
+Files are written atomically (temporary name, fsync, rename; the temporary file is removed when a write fails), so
+a file under its final name is complete; resuming checks each one's header against the manifest, and its hash
+against the prepared sample of the same id, before skipping its sample.
 """
 
 from __future__ import annotations
@@ -29,7 +33,22 @@ from eaglewatch.errors import UserError
 MANIFEST = "manifest.json"
 EVENTS = "events.jsonl"
 # Fields that must agree for outputs of two runs to be mixed in one folder.
-IDENTITY_FIELDS = ("model_config_hash", "layer_ids", "dtype", "max_seq_len")
+IDENTITY_FIELDS = ("model_config_hash", "layer_ids", "dtype", "max_seq_len", "storage")
+# What a manifest written before a field existed means by it.
+IDENTITY_DEFAULTS: dict[str, Any] = {"storage": "dtype"}
+# How the hidden states are stored: as computed (in the manifest's dtype), or in FP8 with one scale per token.
+STORAGE_DTYPE, STORAGE_FP8 = "dtype", "fp8"
+STORAGES = (STORAGE_DTYPE, STORAGE_FP8)
+# speculators 0.9's FP8 layout (hs_connectors/fp8_utils.py): the tensor of per-token scales, and float8_e4m3fn's
+# largest finite value, which each token's largest |value| is scaled to.
+FP8_SCALES_KEY = "hidden_states_scales"
+FP8_MAX = 448.0
+FP8_MIN_SCALE = 1e-12
+# The sample file's ``__metadata__`` key holding the FP8 rounding's error per layer, as the writer measured it
+# against the states before rounding: ``{"mean": [...], "max": [...], "tokens": n}``, per token ``|fp8 - x| / |x|``
+# over ``n`` of the sample's tokens (``fp8_error_tokens``).
+FP8_ERROR_KEY = "eaglewatch_fp8_error"
+FP8_ERROR_TOKENS = 64
 SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "I64": "int64", "I8": "int8",
                       "F64": "float64", "I32": "int32", "U8": "uint8", "BOOL": "bool", "F8_E4M3": "fp8"}
 SAFETENSORS_ITEM_BYTES = {"F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I8": 1, "F64": 8, "I32": 4, "U8": 1, "BOOL": 1,
@@ -62,22 +81,88 @@ def sample_hash(token_ids: Sequence[int], loss_mask: Sequence[int]) -> str:
 
 
 TORCH_TO_SAFETENSORS = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "float64": "F64", "int64": "I64",
-                        "int32": "I32", "int8": "I8", "uint8": "U8", "bool": "BOOL"}
+                        "int32": "I32", "int8": "I8", "uint8": "U8", "bool": "BOOL", "float8_e4m3fn": "F8_E4M3"}
 
 
-def write_sample_file(path: str | Path, tensors: dict[str, Any], fsync: bool = True) -> int:
+def quantize_fp8(states: Any) -> tuple[Any, Any]:
+    """``states [seq, ...]`` in float8_e4m3fn with one float32 scale per token (``[seq, 1, ...]``): each token's
+    largest |value| over all its layers becomes 448. The same arithmetic as speculators'
+    ``quantize_tensor_to_fp8`` (float32 values divided by ``amax / 448``), so that its reader's ``fp8 * scale``
+    gives back what this writer meant; done in place on one float32 copy, since the writer threads pay for it."""
+    import torch
+
+    values = states.to(torch.float32, copy=True)
+    flat = values.reshape(values.shape[0], -1)
+    if flat.shape[1] == 0:
+        amax = torch.zeros(values.shape[0])
+    else:  # the largest and the smallest in one pass each: cheaper than abs() then amax(), and the same value
+        amax = torch.maximum(flat.amax(dim=1), flat.amin(dim=1).neg())
+    scales = (amax / FP8_MAX).clamp(min=FP8_MIN_SCALE).reshape(-1, *([1] * (values.dim() - 1)))
+    return values.div_(scales).to(torch.float8_e4m3fn), scales
+
+
+def dequantize_fp8(fp8: Any, scales: Any) -> Any:
+    """The float32 values an FP8 file stands for."""
+    import torch
+
+    return fp8.to(torch.float32) * scales.to(torch.float32)
+
+
+def relative_token_errors(got: Any, ref: Any) -> Any:
+    """Per token and layer, ``|got - ref| / |ref|`` (L2 norms over the hidden axis): ``[seq, layers]``."""
+    ref = ref.float()
+    return (got.float() - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-12)
+
+
+def fp8_error_tokens(num_tokens: int) -> slice:
+    """The tokens whose FP8 rounding error a file records: all of a short sample, evenly spaced ones of a long one
+    (at most about ``2 * FP8_ERROR_TOKENS``). The error of one rounding hardly varies between tokens of a sample,
+    and measuring it costs as much as the rounding itself (float8 converts back slowly on a CPU)."""
+    return slice(0, num_tokens, max(1, num_tokens // FP8_ERROR_TOKENS))
+
+
+def fp8_error_record(states: Any, fp8: Any, scales: Any) -> str:
+    """The metadata text of an FP8 file's own rounding error: per layer, the mean and the largest per-token error
+    of the stored values against ``states`` (what the engine computed), over ``fp8_error_tokens``."""
+    pick = fp8_error_tokens(states.shape[0])
+    errors = relative_token_errors(dequantize_fp8(fp8[pick], scales[pick]), states[pick])
+    if errors.numel() == 0:
+        return json.dumps({"mean": [], "max": [], "tokens": 0})
+    means, maxes = errors.mean(dim=0).tolist(), errors.amax(dim=0).tolist()
+    return json.dumps({"mean": [float(f"{v:.4g}") for v in means], "max": [float(f"{v:.4g}") for v in maxes],
+                       "tokens": errors.shape[0]}, separators=(",", ":"))
+
+
+def encode_storage(tensors: dict[str, Any], storage: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """A sample's tensors as ``storage`` keeps them, and the metadata that goes with them: FP8 rounds the hidden
+    states (``quantize_fp8``) and records the rounding's error per layer; the model dtype keeps them as they are."""
+    if storage == STORAGE_DTYPE:
+        return tensors, {}
+    if storage != STORAGE_FP8:
+        raise ValueError(f"unknown storage {storage!r}")
+    states = tensors["hidden_states"]
+    fp8, scales = quantize_fp8(states)
+    return ({**tensors, "hidden_states": fp8, FP8_SCALES_KEY: scales},
+            {FP8_ERROR_KEY: fp8_error_record(states, fp8, scales)})
+
+
+def write_sample_file(path: str | Path, tensors: dict[str, Any], fsync: bool = True,
+                      storage: str = STORAGE_DTYPE) -> int:
     """Write torch tensors to ``path`` in safetensors format, atomically; return the bytes written.
 
     The header is built here and each tensor's memory is written as it lies, with no serialised copy of the whole
     file in between: this is the hot path of extraction (about 56 KiB per token for a Kimi-sized model).
     Temporary name, fsync, rename: a file under its final name is always complete. ``fsync=False`` keeps the
     rename (a killed process still never leaves a partial file under a final name) but lets the kernel write the
-    data back later: faster when the disk is the bottleneck, not safe against a power loss.
+    data back later: faster when the disk is the bottleneck, not safe against a power loss. ``storage`` is how the
+    hidden states are kept (``encode_storage``): every engine's writer comes through here, so every format is
+    written the same way.
     """
     path = str(path)
+    tensors, extra_metadata = encode_storage(tensors, storage)
     names = sorted(tensors)
     buffers = []
-    metadata = {"format": "pt"}
+    metadata = {"format": "pt", **extra_metadata}
     header: dict[str, Any] = {"__metadata__": metadata}
     offset = 0
     raw_of: dict[str, Any] = {}
@@ -177,6 +262,7 @@ class ExpectedSample:
     dtype: str
     # ``sample_hash`` of the prepared sample: a file of other token ids or another loss mask is not this sample.
     sample_hash: str | None = None
+    storage: str = STORAGE_DTYPE
 
 
 def check_sample_header(header: dict[str, Any], expected: ExpectedSample) -> str | None:
@@ -197,9 +283,75 @@ def check_sample_header(header: dict[str, Any], expected: ExpectedSample) -> str
     if shape[2] != expected.hidden_size:
         return f"hidden size {shape[2]}, expected {expected.hidden_size}"
     dtype = SAFETENSORS_DTYPES.get(hs["dtype"], hs["dtype"])
+    if expected.storage == STORAGE_FP8:
+        if hs["dtype"] != "F8_E4M3":
+            return f"hidden_states are {dtype}, expected fp8 (float8_e4m3fn) storage"
+        scales = header.get(FP8_SCALES_KEY)
+        if scales is None:
+            return f"no {FP8_SCALES_KEY} tensor (fp8 storage keeps one scale per token)"
+        if scales.get("dtype") != "F32" or scales.get("shape") != [shape[0], 1, 1]:
+            return (f"{FP8_SCALES_KEY} is {SAFETENSORS_DTYPES.get(scales.get('dtype'), scales.get('dtype'))} "
+                    f"{scales.get('shape')}, expected float32 [{shape[0]}, 1, 1]")
+        return None
     if dtype != expected.dtype:
         return f"dtype {dtype}, expected {expected.dtype}"
     return None
+
+
+def fp8_error_of(header: dict[str, Any]) -> dict[str, list[float]] | None:
+    """The FP8 rounding error an FP8 file's writer recorded (``FP8_ERROR_KEY``), or None when there is none (a
+    file of another writer) or it cannot be read."""
+    raw = header.get("__metadata__", {}).get(FP8_ERROR_KEY)
+    if not raw:
+        return None
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        return None
+    if (not isinstance(record, dict) or not all(isinstance(record.get(k), list) for k in ("mean", "max"))
+            or not all(isinstance(v, (int, float)) for k in ("mean", "max") for v in record[k])):
+        return None
+    tokens = record.get("tokens")
+    return {"mean": [float(v) for v in record["mean"]], "max": [float(v) for v in record["max"]],
+            "tokens": [float(tokens)] if isinstance(tokens, int) and tokens >= 0 else []}
+
+
+@dataclass
+class Fp8ErrorSummary:
+    """The FP8 rounding error of many files, per layer: the token-weighted mean of their recorded means, and the
+    largest per-token error any of them recorded."""
+
+    layer_ids: list[int]
+    files: int = 0
+    tokens: int = 0
+    without_record: int = 0
+    _sums: list[float] | None = None
+    _maxes: list[float] | None = None
+
+    def add(self, header: dict[str, Any]) -> None:
+        record = fp8_error_of(header)
+        hs = header.get("hidden_states") or {}
+        tokens = int(record["tokens"][0]) if record and record["tokens"] else (hs.get("shape") or [0])[0]
+        if record is None or len(record["mean"]) != len(self.layer_ids) or len(record["max"]) != len(self.layer_ids):
+            self.without_record += 1
+            return
+        if self._sums is None or self._maxes is None:
+            self._sums, self._maxes = [0.0] * len(self.layer_ids), [0.0] * len(self.layer_ids)
+        for j, (mean, largest) in enumerate(zip(record["mean"], record["max"])):
+            self._sums[j] += mean * tokens
+            self._maxes[j] = max(self._maxes[j], largest)
+        self.files += 1
+        self.tokens += tokens
+
+    def as_dict(self) -> dict[str, Any]:
+        layers = []
+        if self._sums is not None and self._maxes is not None and self.tokens:
+            layers = [{"layer_id": k, "mean_error": round(total / self.tokens, 6), "max_error": largest}
+                      for k, total, largest in zip(self.layer_ids, self._sums, self._maxes)]
+        return {"measure": "per-token |fp8 - computed| / |computed| (L2 over hidden), recorded by the writer over "
+                           "evenly spaced tokens of each file (all of a short one)",
+                "files": self.files, "tokens": self.tokens, "files_without_record": self.without_record,
+                "layers": layers}
 
 
 def stored_sample_hash(path: Path, header: dict[str, Any]) -> str | None:
@@ -286,12 +438,17 @@ def write_manifest_file(path: str | Path, manifest: dict[str, Any]) -> None:
         raise
 
 
+def identity_value(manifest: dict[str, Any], key: str) -> Any:
+    """A manifest's identity field, with what an older manifest that lacks it means by it."""
+    return manifest.get(key, IDENTITY_DEFAULTS.get(key))
+
+
 def check_resume(existing: dict[str, Any], wanted: dict[str, Any], output_dir: Path) -> None:
-    """Refuse to mix outputs made with another model, other layers, dtype or max-seq-len."""
+    """Refuse to mix outputs made with another model, other layers, dtype, max-seq-len or storage."""
     diffs = [
-        f"{key}: folder has {existing.get(key)!r}, this run wants {wanted.get(key)!r}"
+        f"{key}: folder has {identity_value(existing, key)!r}, this run wants {identity_value(wanted, key)!r}"
         for key in IDENTITY_FIELDS
-        if existing.get(key) != wanted.get(key)
+        if identity_value(existing, key) != identity_value(wanted, key)
     ]
     if diffs:
         raise UserError(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import itertools
 import math
 import os
@@ -21,12 +22,17 @@ from eaglewatch.pipeline import model_info as mi
 from eaglewatch.pipeline import output
 from eaglewatch.pipeline.engines import durability
 from eaglewatch.pipeline.engines.options import EngineOptions, add_engine_arguments, at_least
+from eaglewatch.pipeline.export import layer_order_problem
 from eaglewatch.pipeline.flags import add_flags, flag, from_args
 from eaglewatch.pipeline.output_lock import OutputLock
 from eaglewatch.pipeline.prepared_data import LONG_POLICIES, DataReport, Sample, iter_prepared, load_prepared
 
 
 DEFAULT_BATCH_SIZE = 16
+# What extract leaves in the output folder: eaglewatch's own files, or those plus the layout ``speculators train
+# --data-path`` reads (export.py), written at the end from the same files.
+FORMAT_NATIVE, FORMAT_SPECULATORS = "native", "speculators"
+OUTPUT_FORMATS = (FORMAT_NATIVE, FORMAT_SPECULATORS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,6 +42,14 @@ class ExtractConfig(EngineOptions):
     model_path: str = flag(help="Hugging Face model folder (local)")
     prepared_data: str = flag(help="JSONL from `eaglewatch prepare`")
     output_dir: str = flag(help="where hs_{id}.safetensors files go")
+    output_format: str = flag(
+        FORMAT_NATIVE, "native: eaglewatch's files (default); speculators: also the layout `speculators train "
+                       "--data-path OUTPUT_DIR` reads (an Arrow dataset, hidden_states/hs_{row}, token_freq.pt), "
+                       "written at the end; needs the final layer last in --layer-ids",
+        name="--format", choices=OUTPUT_FORMATS)
+    draft_vocab_size: int | None = flag(
+        None, "with --format speculators: also write d2t-N.npy / t2d-N.npy for a draft vocabulary of N tokens",
+        type=int)
     layer_ids: list[int] | None = flag(
         None, "layers to keep: k = residual stream after k layers, 0 = embeddings, L = last layer before the final "
               "norm (default: 2, L//2, L-3, L)", type=int, nargs="+")
@@ -56,7 +70,12 @@ class ExtractConfig(EngineOptions):
         found += [p for p in (at_least("--batch-size", self.batch_size, 1),
                               at_least("--max-samples", self.max_samples, 1),
                               at_least("--world-size", self.world_size, 1),
-                              at_least("--miniature-samples", self.miniature_samples, 1)) if p]
+                              at_least("--miniature-samples", self.miniature_samples, 1),
+                              at_least("--draft-vocab-size", self.draft_vocab_size, 1)) if p]
+        if self.output_format not in OUTPUT_FORMATS:
+            found.append(f"--format must be one of {', '.join(OUTPUT_FORMATS)} (got {self.output_format!r})")
+        if self.draft_vocab_size is not None and self.output_format != FORMAT_SPECULATORS:
+            found.append("--draft-vocab-size is for --format speculators")
         if self.world_size >= 1 and not 0 <= self.rank < self.world_size:
             found.append(f"--rank {self.rank} must be in 0..{self.world_size - 1} for --world-size {self.world_size}")
         for name in ("model_path", "prepared_data", "output_dir"):
@@ -152,9 +171,36 @@ def shard_for_rank(samples: list[Sample], rank: int, world_size: int) -> list[Sa
     return samples[rank * chunk : (rank + 1) * chunk]
 
 
-def identity(plan_info: mi.ModelInfo, layer_ids: list[int], dtype: str, max_seq_len: int) -> dict[str, Any]:
+def identity(plan_info: mi.ModelInfo, layer_ids: list[int], dtype: str, max_seq_len: int,
+             storage: str = output.STORAGE_DTYPE) -> dict[str, Any]:
     return {"model_config_hash": plan_info.config_hash, "layer_ids": layer_ids, "dtype": dtype,
-            "max_seq_len": max_seq_len}
+            "max_seq_len": max_seq_len, "storage": storage}
+
+
+def stored_bytes_per_token(num_layers: int, hidden_size: int, dtype: str, storage: str) -> int:
+    """Bytes a token takes in a sample file: FP8 keeps one byte per value and a float32 scale per token."""
+    if storage == output.STORAGE_FP8:
+        return num_layers * hidden_size + 4 + 9
+    return mi.bytes_per_token(num_layers, hidden_size, dtype)
+
+
+def check_output_format(cfg: ExtractConfig, info: mi.ModelInfo) -> None:
+    """What ``--format speculators`` needs, checked before anything is loaded: the final layer last in the layer
+    ids (its trainer takes a file's last layer for the verifier's final state), a draft vocabulary that fits the
+    model's, and the ``datasets`` package the Arrow dataset is written with."""
+    if cfg.output_format != FORMAT_SPECULATORS:
+        return
+    layer_ids = mi.check_layer_ids(cfg.layer_ids or mi.default_layer_ids(info.num_hidden_layers),
+                                   info.num_hidden_layers)
+    problem = layer_order_problem(layer_ids, info.num_hidden_layers)
+    if problem:
+        raise UserError(problem)
+    if cfg.draft_vocab_size is not None and cfg.draft_vocab_size > info.vocab_size:
+        raise UserError(f"--draft-vocab-size {cfg.draft_vocab_size} is larger than the model's vocabulary "
+                        f"({info.vocab_size})")
+    if importlib.util.find_spec("datasets") is None:
+        raise UserError("--format speculators writes its dataset with the datasets package, which is not "
+                        "installed: pip install 'datasets>=4,<=5.1' (or extract without --format, and export later)")
 
 
 def read_data(cfg: ExtractConfig, info: mi.ModelInfo) -> DataReport:
@@ -237,6 +283,7 @@ def make_plan(cfg: ExtractConfig, visible_gpus: int | None = None, *, info: mi.M
     dtype = mi.normalise_dtype(cfg.dtype or info.dtype)
     layer_ids = mi.check_layer_ids(cfg.layer_ids or mi.default_layer_ids(info.num_hidden_layers),
                                    info.num_hidden_layers)
+    check_output_format(cfg, info)
     check_parallelism(info, cfg, visible_gpus)
     report = data if data is not None else read_data(cfg, info)
     samples = shard_for_rank(report.samples, cfg.rank, cfg.world_size)
@@ -265,14 +312,14 @@ def _plan_folder(cfg: ExtractConfig, info: mi.ModelInfo, layer_ids: list[int], d
     else:
         existing = output.read_manifest_file(out / cfg.manifest_name)
         if existing is not None:
-            output.check_resume(existing, identity(info, layer_ids, dtype, cfg.max_seq_len), out)
+            output.check_resume(existing, identity(info, layer_ids, dtype, cfg.max_seq_len, cfg.storage), out)
             narrower = _is_narrower(existing, cfg, report, samples, out)
     hidden = info.hidden_size
     status: dict[str, str] = {}
     for s in samples:
         path = output.sample_path(out, s.id)
         expected = output.ExpectedSample(s.num_tokens, len(layer_ids), hidden, dtype,
-                                         output.sample_hash(s.input_ids, s.loss_mask))
+                                         output.sample_hash(s.input_ids, s.loss_mask), cfg.storage)
         status[s.id] = output.sample_status(path, expected)
         if status[s.id] == output.INCOMPLETE and path.is_dir():
             raise UserError(f"{path} is a folder where this sample's file goes; move it away")
@@ -286,7 +333,7 @@ def _plan_folder(cfg: ExtractConfig, info: mi.ModelInfo, layer_ids: list[int], d
     unit = cfg.fixed_batch_size or 1
     batches = [samples[i : i + unit] for i in range(0, len(samples), unit)]
     todo = [b for b, batch in enumerate(batches) if any(status[s.id] != output.COMPLETE for s in batch)]
-    per_token = mi.bytes_per_token(len(layer_ids), hidden, dtype)
+    per_token = stored_bytes_per_token(len(layer_ids), hidden, dtype, cfg.storage)
     remaining_tokens = sum(s.num_tokens for b in todo for s in batches[b])
     output.check_free_space(out, remaining_tokens * per_token)
     return Plan(info=info, layer_ids=layer_ids, dtype=dtype, samples=samples, batches=batches, todo=todo,

@@ -17,14 +17,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from eaglewatch.errors import UserError
-from eaglewatch.pipeline import output
+from eaglewatch.pipeline import export, output
 from eaglewatch.pipeline.output_lock import describe_writers
 from eaglewatch.pipeline.plan import shard_for_rank
 from eaglewatch.pipeline.prepared_data import Sample, iter_prepared
@@ -59,17 +60,22 @@ class FloorModel:
     dtype: str
     activation_bits: int | None = None
     why: str | None = None
+    # FP8 storage: the floor's states are rounded as the writer rounds them (``output.quantize_fp8``), so that the
+    # storage's own error, the same for any engine, is not taken for the engine's.
+    storage: str = output.STORAGE_DTYPE
 
     def describe(self) -> str:
         text = f"HF in {self.dtype}"
         if self.activation_bits:
             text += f" with int{self.activation_bits} per-token activations into quantized linears"
+        if self.storage == output.STORAGE_FP8:
+            text += ", stored as fp8 with per-token scales"
         return text + (f" ({self.why})" if self.why else "")
 
     def as_dict(self) -> dict[str, Any]:
         return {"dtype": self.dtype,
                 "activations": f"int{self.activation_bits} per token" if self.activation_bits else None,
-                "why": self.why}
+                "storage": self.storage, "why": self.why}
 
 
 def quantization_config_of(model_config: dict[str, Any]) -> dict[str, Any] | None:
@@ -127,6 +133,10 @@ class VerifyReport:
     problems: list[str] = field(default_factory=list)  # "hs_x.safetensors: why"
     notes: list[str] = field(default_factory=list)  # what was not checked, and why
     against_hf: dict[str, Any] | None = None
+    view: dict[str, Any] | None = None  # the speculators view (export.py), when the folder has one
+    fp8: dict[str, Any] | None = None  # FP8 storage: the rounding error per layer the files record
+    ranks: list[dict[str, Any]] | None = None  # a data-parallel folder: each rank's share
+    missing_in: dict[str, str] = field(default_factory=dict)  # a data-parallel folder: missing id -> its rank
 
     @property
     def passed(self) -> bool:
@@ -173,7 +183,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 MANIFEST_FIX = "is this folder an eaglewatch output?"
 
 
-def _manifests(out: Path) -> list[dict[str, Any]]:
+def _manifests(out: Path) -> list[tuple[str, dict[str, Any]]]:
+    """Every manifest of the folder (one, or one per rank of a data-parallel run), by file name."""
     manifests = []
     for path in sorted(out.glob("manifest*.json")):
         manifest = output.read_manifest_file(path, fix=MANIFEST_FIX)
@@ -181,13 +192,129 @@ def _manifests(out: Path) -> list[dict[str, Any]]:
             why = _manifest_problem(manifest)
             if why:
                 raise UserError(f"{path} is not a usable eaglewatch manifest: {why}")
-            manifests.append(manifest)
+            manifests.append((path.name, manifest))
     if not manifests:
         raise UserError(f"{out} has no manifest.json: is it an eaglewatch output folder?")
-    keys = {json.dumps({k: m.get(k) for k in output.IDENTITY_FIELDS}, sort_keys=True) for m in manifests}
-    if len(keys) > 1:
-        raise UserError(f"{out} holds manifests of different extractions; verify each separately")
     return manifests
+
+
+# What the ranks of one extraction must agree on: their files are one data set.
+RANK_AGREEMENT = (*output.IDENTITY_FIELDS, "hidden_size", "world_size", "max_samples")
+
+
+def _agreement_value(manifest: dict[str, Any], key: str) -> str:
+    value = output.identity_value(manifest, key) if key in output.IDENTITY_FIELDS else manifest.get(key)
+    if key == "world_size" and value is None:
+        value = 1
+    return json.dumps(value, sort_keys=True)
+
+
+def _names(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def reference_manifest(named: list[tuple[str, dict[str, Any]]]) -> tuple[str, dict[str, Any], list[str]]:
+    """The manifest the folder is checked against, and a problem for each manifest that disagrees with it.
+
+    The reference is one of the largest group of manifests that agree on everything in ``RANK_AGREEMENT`` (on a
+    tie, the group of the first by name, rank 0's): the odd one out is the one named, field by field."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for name, m in named:
+        groups.setdefault(tuple(_agreement_value(m, k) for k in RANK_AGREEMENT), []).append(name)
+    key, agreeing = max(groups.items(), key=lambda item: (len(item[1]), named[0][0] in item[1]))
+    problems = []
+    for other, names in groups.items():
+        if other == key:
+            continue
+        for field_name, theirs, ours in zip(RANK_AGREEMENT, other, key):
+            if theirs != ours:
+                verb = "has" if len(agreeing) == 1 else "have"
+                problems += [f"{name}: {field_name} is {theirs}, but {_names(agreeing)} {verb} {ours} (the manifests "
+                             "of one folder must describe one extraction)" for name in names]
+    first = agreeing[0]
+    return first, dict(named)[first], problems
+
+
+@dataclass
+class Share:
+    """One rank's part of the folder: whose manifest says so, and its samples (its selection of its data)."""
+
+    manifest_name: str
+    manifest: dict[str, Any]
+    rank: int
+    samples: list[Sample]
+
+    @property
+    def label(self) -> str:
+        return f"rank {self.rank} ({self.manifest_name})"
+
+
+def _rank_problems(named: list[tuple[str, dict[str, Any]]], world: int) -> tuple[list[str], list[int]]:
+    """Manifests whose file name and rank disagree, ranks claimed twice; and the ranks of ``world`` that have no
+    manifest."""
+    problems: list[str] = []
+    seen: dict[int, str] = {}
+    for name, m in named:
+        rank, size = int(m.get("rank", 0)), int(m.get("world_size", 1))
+        expected = output.MANIFEST if size == 1 else f"manifest.rank{rank}.json"
+        if name != expected:
+            problems.append(f"{name}: it says rank {rank} of {size}, whose manifest is {expected}")
+        if size == world:
+            if rank in seen:
+                problems.append(f"{name}: rank {rank} is claimed by {seen[rank]} too")
+            seen.setdefault(rank, name)
+    missing = [r for r in range(world) if r not in seen]
+    return problems, missing
+
+
+NO_MANIFEST = "no manifest"
+
+
+def _shares(named: list[tuple[str, dict[str, Any]]], reference: dict[str, Any], missing_ranks: list[int],
+            prepared: str | None, notes: list[str]) -> list[Share] | None:
+    """Each manifest's share of the samples (a rank without a manifest gets the share the reference's selection
+    gives it); None when some data is not there to compare with (then only the files themselves are checked, and
+    ``notes`` says so)."""
+    if prepared is not None and not Path(prepared).exists():
+        raise UserError(f"prepared data {prepared} does not exist")
+    read: dict[str, list[Sample]] = {}
+    owners = [(name, m, int(m.get("rank", 0))) for name, m in named]
+    owners += [(NO_MANIFEST, reference, r) for r in missing_ranks]
+    shares = []
+    for name, m, rank in owners:
+        path = prepared or m.get("prepared_data")
+        if not path or not Path(path).exists():
+            notes.append(f"the prepared data {path or '(not named in the manifest)'} is not there: token ids, loss "
+                         "masks and missing samples are not checked (pass --prepared-data)")
+            return None
+        if path not in read:
+            read[path] = list(iter_prepared(path))
+        max_len = int(m["max_seq_len"])
+        chosen = shard_for_rank(read[path][: m.get("max_samples")], rank, int(m.get("world_size", 1)))
+        shares.append(Share(name, m, rank, [Sample(s.id, s.input_ids[:max_len], s.loss_mask[:max_len], s.line_no)
+                                            for s in chosen]))
+    return shares
+
+
+def _overlaps(shares: list[Share]) -> tuple[dict[str, tuple[Sample, Share]], list[str]]:
+    """Which share each sample id belongs to (the first that has it), and a problem for each pair of shares that
+    hold the same ids: one file under that name can hold only one rank's write."""
+    owner: dict[str, tuple[Sample, Share]] = {}
+    twice: dict[tuple[str, str], list[tuple[Sample, Sample]]] = {}
+    for share in shares:
+        for sample in share.samples:
+            if sample.id in owner:
+                first_sample, first = owner[sample.id]
+                twice.setdefault((first.label, share.label), []).append((first_sample, sample))
+            else:
+                owner[sample.id] = (sample, share)
+    problems = []
+    for (a, b), pairs in twice.items():
+        one, other = pairs[0]
+        lines = f"line {one.line_no}" + (f" and line {other.line_no}" if one.line_no != other.line_no else "")
+        problems.append(f"{len(pairs)} samples are in the shares of both {a} and {b}, so two ranks write them "
+                        f"(e.g. {safe_text(one.id)[:60]}, {lines} of their data): each sample must be in one share")
+    return owner, problems
 
 
 def _manifest_problem(m: dict[str, Any]) -> str | None:
@@ -213,32 +340,11 @@ def _manifest_problem(m: dict[str, Any]) -> str | None:
     return None
 
 
-def _expected_samples(manifests: list[dict[str, Any]], prepared: str | None,
-                      notes: list[str]) -> dict[str, Sample] | None:
-    """The samples the folder should hold, each manifest's selection of its data (None when no data is there to
-    compare with: then only the files themselves are checked, and ``notes`` says so)."""
-    if prepared is not None and not Path(prepared).exists():
-        raise UserError(f"prepared data {prepared} does not exist")
-    max_len = int(manifests[0]["max_seq_len"])
-    wanted: dict[str, Sample] = {}
-    read: dict[str, list[Sample]] = {}
-    for m in manifests:
-        path = prepared or m.get("prepared_data")
-        if not path or not Path(path).exists():
-            notes.append(f"the prepared data {path or '(not named in the manifest)'} is not there: token ids, loss "
-                         "masks and missing samples are not checked (pass --prepared-data)")
-            return None
-        if path not in read:
-            read[path] = list(iter_prepared(path))
-        world, rank = int(m.get("world_size", 1)), int(m.get("rank", 0))
-        for s in shard_for_rank(read[path][: m.get("max_samples")], rank, world):
-            wanted[s.id] = Sample(s.id, s.input_ids[:max_len], s.loss_mask[:max_len], s.line_no)
-    return wanted
-
-
-def check_file(path: Path, manifest: dict[str, Any], sample: Sample | None, finite: bool) -> str | None:
-    """Why this file is not a good sample, or None."""
+def check_file(path: Path, manifest: dict[str, Any], sample: Sample | None, finite: bool,
+               fp8_errors: output.Fp8ErrorSummary | None = None) -> str | None:
+    """Why this file is not a good sample, or None. An FP8 file's recorded rounding error goes to ``fp8_errors``."""
     n_layers = len(manifest["layer_ids"])
+    storage = output.identity_value(manifest, "storage")
     try:
         header = output.read_header(path)
     except (OSError, ValueError) as exc:
@@ -248,10 +354,13 @@ def check_file(path: Path, manifest: dict[str, Any], sample: Sample | None, fini
         return (f"holds {n_layers - 1} layers instead of {n_layers}: the final layer was dropped "
                 "(the DeepSeek-family bug fixed in vLLM #46973; upgrade vLLM and re-extract)")
     tokens = sample.num_tokens if sample else (hs["shape"][0] if hs else 0)
-    expected = output.ExpectedSample(tokens, n_layers, int(manifest["hidden_size"]), manifest["dtype"])
+    expected = output.ExpectedSample(tokens, n_layers, int(manifest["hidden_size"]), manifest["dtype"],
+                                     storage=storage)
     why = output.check_sample_header(header, expected)
     if why:
         return why
+    if storage == output.STORAGE_FP8 and fp8_errors is not None:
+        fp8_errors.add(header)
     if not finite and sample is None:
         return None
     from safetensors.torch import load_file
@@ -266,7 +375,11 @@ def check_file(path: Path, manifest: dict[str, Any], sample: Sample | None, fini
     if finite:
         import torch
 
-        states = tensors["hidden_states"]
+        if storage == output.STORAGE_FP8:
+            why = check_fp8_values(tensors["hidden_states"], tensors[output.FP8_SCALES_KEY])
+            if why:
+                return why
+        states = hidden_states_of(tensors)
         bad = (~torch.isfinite(states)).sum().item()
         if bad:
             nan = torch.isnan(states).sum().item()
@@ -277,6 +390,78 @@ def check_file(path: Path, manifest: dict[str, Any], sample: Sample | None, fini
         if tensors["loss_mask"].tolist() != sample.loss_mask:
             return "loss_mask differs from the prepared data"
     return None
+
+
+def hidden_states_of(tensors: dict[str, Any]) -> Any:
+    """A sample file's hidden states as values: dequantized (``fp8 * scale``) when the file is FP8."""
+    if output.FP8_SCALES_KEY in tensors:
+        return output.dequantize_fp8(tensors["hidden_states"], tensors[output.FP8_SCALES_KEY])
+    return tensors["hidden_states"]
+
+
+def check_fp8_values(fp8: Any, scales: Any) -> str | None:
+    """What is wrong with an FP8 file's values and scales, or None. Each scale is a token's largest |value| / 448,
+    so a good file has positive finite scales and, in every token that is not all zeros, a largest |stored value|
+    of exactly 448: values and scales that do not belong together fail that."""
+    import torch
+
+    scales = scales.reshape(-1)
+    bad = ~torch.isfinite(scales) | (scales <= 0)
+    if bad.any():
+        token = int(bad.nonzero()[0])
+        return (f"{int(bad.sum())} {output.FP8_SCALES_KEY} are not positive finite numbers (token {token}: "
+                f"{scales[token].item()})")
+    values = fp8.to(torch.float32).reshape(fp8.shape[0], -1)
+    nan = torch.isnan(values)
+    if nan.any():
+        return f"{int(nan.sum())} non-finite values ({int(nan.sum())} NaN, 0 Inf) in hidden_states (fp8)"
+    amax = values.abs().amax(dim=1) if values.shape[1] else torch.zeros(values.shape[0])
+    # A token whose scale was clamped (all its values ~0) has no 448 to show.
+    off = (amax != output.FP8_MAX) & ~((amax == 0) | (scales <= output.FP8_MIN_SCALE))
+    if off.any():
+        token = int(off.nonzero()[0])
+        return (f"{int(off.sum())} tokens' fp8 values do not fit their scales (token {token}: largest |value| "
+                f"{amax[token].item():g}, expected {output.FP8_MAX:g})")
+    return None
+
+
+def check_view(out: Path, report: VerifyReport) -> None:
+    """The speculators view (``export.py``), when there is one: each row's link leads to the file of the sample the
+    record names for that row, and that file is there. The rows' tensors are the files' own (links), so the files'
+    checks cover them."""
+    record = export.view_record(out)
+    links = out / export.HIDDEN_STATES_DIR
+    if record is None:
+        if (out / export.EXPORT_RECORD).exists():
+            report.problems.append(f"{export.EXPORT_RECORD}: not a readable export record; export again")
+        elif links.is_dir():
+            report.notes.append(f"{links.name}/ is there without {export.EXPORT_RECORD}: an export did not finish "
+                                "(run `eaglewatch export` or the extract command again)")
+        return
+    rows, ids = record.get("rows"), record.get("sample_ids")
+    if not isinstance(rows, int) or not (ids is None or isinstance(ids, list) and len(ids) == rows):
+        report.problems.append(f"{export.EXPORT_RECORD}: rows {rows!r} and its sample_ids do not agree; export again")
+        return
+    for row in range(rows):
+        name = f"{links.name}/hs_{row}.safetensors"
+        link = links / f"hs_{row}.safetensors"
+        wanted = output.sample_path(out, str(ids[row])).name if ids is not None else None
+        of = f"row {row}, sample {ids[row]}" if ids is not None else f"row {row}"
+        if not os.path.lexists(link):
+            report.problems.append(f"{name}: missing ({of})")
+            continue
+        target = os.readlink(link) if link.is_symlink() else None
+        if target is not None and wanted is not None and os.path.basename(target) != wanted:
+            report.problems.append(f"{name}: leads to {os.path.basename(target)}, but {of.replace(',', ' is')}")
+        elif not link.exists():
+            report.problems.append(f"{name}: leads to {target or link.name}, which is not there ({of})")
+    extra = sorted(p.name for p in links.glob("hs_*.safetensors")
+                   if not p.name[3:-12].isdigit() or int(p.name[3:-12]) >= rows) if links.is_dir() else []
+    if extra:
+        report.problems.append(f"{links.name}/{extra[0]}: a row the record does not have ({len(extra)} such)")
+    report.view = {"rows": rows, "target_layer_ids": record.get("target_layer_ids"),
+                   "final_layer_id": record.get("final_layer_id"),
+                   "hidden_states_backend": record.get("hidden_states_backend", "file")}
 
 
 def token_errors(got: Any, ref: Any) -> Any:
@@ -385,15 +570,20 @@ def compare_with_hf(out: Path, manifest: dict[str, Any], samples: list[Sample], 
     from safetensors.torch import load_file
 
     dtype, layer_ids = manifest["dtype"], list(manifest["layer_ids"])
+    storage = output.identity_value(manifest, "storage")
     if floor is None:
-        floor = floor_model(manifest, _model_config(manifest["model_path"]))
+        floor = replace(floor_model(manifest, _model_config(manifest["model_path"])), storage=storage)
     slack = FLOOR_SLACK.get(dtype, FLOOR_SLACK["bfloat16"])
-    got = [load_file(str(output.sample_path(out, s.id)))["hidden_states"] for s in samples]
+    got = [hidden_states_of(load_file(str(output.sample_path(out, s.id)))) for s in samples]
     reference, reference_s = _hf_states(manifest["model_path"], layer_ids, "float32", samples)
     engine_errors = [token_errors(g, r) for g, r in zip(got, reference)]
     floor_errors, floor_s = None, 0.0
-    if dtype != "float32" and tolerance is None:
-        in_dtype, floor_s = _hf_states(manifest["model_path"], layer_ids, dtype, samples, floor.activation_bits)
+    if tolerance is None and (dtype != "float32" or floor.storage == output.STORAGE_FP8):
+        in_dtype = reference  # a float32 output's floor is its storage's rounding alone
+        if dtype != "float32":
+            in_dtype, floor_s = _hf_states(manifest["model_path"], layer_ids, dtype, samples, floor.activation_bits)
+        if floor.storage == output.STORAGE_FP8:
+            in_dtype = [output.dequantize_fp8(*output.quantize_fp8(h)) for h in in_dtype]
         floor_errors = [token_errors(h, r) for h, r in zip(in_dtype, reference)]
     per_sample, worst_abs, worst_rel = [], 0.0, 0.0
     for sample, g, r, errors in zip(samples, got, reference, engine_errors):
@@ -407,7 +597,7 @@ def compare_with_hf(out: Path, manifest: dict[str, Any], samples: list[Sample], 
     return {"samples": len(samples), "tokens": sum(s.num_tokens for s in samples),
             "measure": "per-token |engine - HF float32| / |HF float32|: mean over tokens; median per sample",
             "floor_dtype": None if tolerance is not None else dtype,
-            "floor_model": None if tolerance is not None or dtype == "float32" else floor.as_dict(),
+            "floor_model": None if tolerance is not None or floor_errors is None else floor.as_dict(),
             "factor": factor, "slack": slack, "tolerance": tolerance,
             "max_abs_diff": worst_abs, "max_rel_diff": worst_rel,
             "passed": all(layer["passed"] for layer in layers), "layers": layers,
@@ -428,34 +618,69 @@ def verify(output_dir: str | Path, *, prepared_data: str | None = None, against_
     out = Path(output_dir)
     if not out.is_dir():
         raise UserError(f"{out} is not a folder")
-    manifests = _manifests(out)
-    manifest = manifests[0]
+    named = _manifests(out)
+    _, manifest, disagreements = reference_manifest(named)
     report = VerifyReport()
+    report.problems += disagreements
     writers = describe_writers(out)
     if writers:
         report.notes.append(f"{out} is being written by {'; '.join(writers)}: this checks it as it is now")
-    wanted = _expected_samples(manifests, prepared_data, report.notes)
+    world = int(manifest.get("world_size", 1))
+    rank_problems, missing_ranks = _rank_problems(named, world)
+    report.problems += rank_problems
+    report.problems += [f"rank {r} of {world}: no manifest says it is this rank (manifest.rank{r}.json is missing "
+                        "or another rank's: its run never started, or the file is gone); its share is checked as "
+                        "the other ranks' selection gives it" for r in missing_ranks]
+    shares = _shares(named, manifest, missing_ranks, prepared_data, report.notes)
+    owner: dict[str, tuple[Sample, Share]] | None = None
+    if shares is not None:
+        owner, overlaps = _overlaps(shares)
+        report.problems += overlaps
+    multi = len(named) > 1 or world > 1
+    if multi:
+        report.notes += [f"rank {m.get('rank', 0)} ({name}) is {m.get('status')!r}, not done: run its command again "
+                         "to finish it" for name, m in named if m.get("status") != "done"]
     files = sorted(out.glob("hs_*.safetensors"))
     report.files = len(files)
     good: list[Sample] = []  # what --against-hf may compare: files that passed every other check
+    fp8_errors = (output.Fp8ErrorSummary(list(manifest["layer_ids"]))
+                  if output.identity_value(manifest, "storage") == output.STORAGE_FP8 else None)
     for path in files:
         sample_id = path.name[len("hs_"):-len(".safetensors")]
-        sample = wanted.get(sample_id) if wanted is not None else None
-        if wanted is not None and sample is None:
-            report.problems.append(f"{path.name}: no sample with id {sample_id!r} in the prepared data")
+        found = owner.get(sample_id) if owner is not None else None
+        if owner is not None and found is None:
+            where = "in any rank's share" if multi else "in the prepared data"
+            report.problems.append(f"{path.name}: no sample with id {sample_id!r} {where}")
             continue
-        why = check_file(path, manifest, sample, finite)
+        sample, share = found if found is not None else (None, None)
+        # A file is checked against its own rank's manifest: a rank that disagrees shows in its files too.
+        why = check_file(path, share.manifest if share is not None else manifest, sample, finite,
+                         fp8_errors if share is None or share.manifest is manifest else None)
         if why:
             report.problems.append(f"{path.name}: {why}")
         else:
             report.ok += 1
             if sample is not None:
                 good.append(sample)
-    if wanted is not None:
+    if owner is not None:
         present = {p.name for p in files}
-        report.missing = [sid for sid in wanted if output.sample_path(out, sid).name not in present]
+        report.missing = [sid for sid in owner if output.sample_path(out, sid).name not in present]
+    if shares is not None and multi and owner is not None:
+        missing = set(report.missing)
+        report.missing_in = {sid: owner[sid][1].label for sid in report.missing}
+        report.ranks = [{"manifest": share.manifest_name, "rank": share.rank,
+                         "world_size": int(share.manifest.get("world_size", 1)), "samples": len(share.samples),
+                         "missing": sum(1 for s in share.samples if s.id in missing),
+                         "status": None if share.manifest_name == NO_MANIFEST else share.manifest.get("status")}
+                        for share in shares]
+    check_view(out, report)
+    if fp8_errors is not None:
+        report.fp8 = fp8_errors.as_dict()
+        if fp8_errors.without_record:
+            report.notes.append(f"{fp8_errors.without_record} fp8 files carry no record of their rounding error "
+                                f"({output.FP8_ERROR_KEY}: written by another writer); their error is not known")
     if against_hf:
-        if wanted is None:
+        if owner is None:
             raise UserError("--against-hf needs the prepared data (pass --prepared-data)")
         if not isinstance(manifest.get("model_path"), str) or not Path(manifest["model_path"]).is_dir():
             raise UserError(f"--against-hf needs the model, but the manifest's model_path "
@@ -482,15 +707,39 @@ def run(args: argparse.Namespace) -> int:
         print(f"{report.ok} of {report.files} files good, {len(report.missing)} samples missing")
         for problem in report.problems:
             print(f"  bad: {problem}")
+        for rank in report.ranks or []:
+            status = f", {rank['status']}" if rank["status"] not in (None, "done") else ""
+            print(f"  rank {rank['rank']} of {rank['world_size']} ({rank['manifest']}): {rank['samples']} samples, "
+                  f"{rank['missing']} missing{status}")
         for sample_id in report.missing[:20]:
-            print(f"  missing: {sample_id}")
+            where = f" ({report.missing_in[sample_id]})" if sample_id in report.missing_in else ""
+            print(f"  missing: {sample_id}{where}")
         if len(report.missing) > 20:
             print(f"  ... and {len(report.missing) - 20} more missing")
+        if report.fp8:
+            for line in describe_fp8(report.fp8):
+                print(line)
+        if report.view:
+            view = report.view
+            print(f"speculators view: {view['rows']} rows, --target-layer-ids "
+                  f"{' '.join(map(str, view['target_layer_ids'] or []))} (final layer {view['final_layer_id']} last), "
+                  f"--hidden-states-backend {view['hidden_states_backend']}")
         if report.against_hf:
             for line in describe_against_hf(report.against_hf):
                 print(line)
         print("PASS" if report.passed else "FAIL", file=sys.stderr if not report.passed else sys.stdout)
     return 0 if report.passed else 1
+
+
+def describe_fp8(summary: dict[str, Any]) -> list[str]:
+    """The FP8 rounding error in words: one line per layer."""
+    if not summary["layers"]:
+        return ["fp8 storage: no file records its rounding error"]
+    lines = [f"fp8 storage, rounding error against the states as computed (per token |fp8 - x| / |x|, "
+             f"{summary['files']} files, {summary['tokens']} tokens):"]
+    lines += [f"  layer {layer['layer_id']:>4}: mean {layer['mean_error']:.3g}, largest {layer['max_error']:.3g}"
+              for layer in summary["layers"]]
+    return lines
 
 
 def _g(value: float | None) -> str:
@@ -499,13 +748,15 @@ def _g(value: float | None) -> str:
 
 def describe_against_hf(r: dict[str, Any]) -> list[str]:
     """The comparison in words: a verdict line, then one line per layer."""
+    model = r.get("floor_model") or {}
     if r["tolerance"] is not None:
         basis = f"fixed tolerance {r['tolerance']:.3g}"
-    elif r["floor_dtype"] == "float32":
+    elif r["floor_dtype"] == "float32" and not model:
         basis = f"float32 output: floor 0, slack {r['slack']:.3g}"
     else:
-        model = r.get("floor_model") or {}
         how = f" with {model['activations']} activations into quantized linears" if model.get("activations") else ""
+        if model.get("storage") == output.STORAGE_FP8:
+            how += ", stored as fp8"
         basis = f"floor: HF in {r['floor_dtype']}{how}, limit {r['factor']:g} x floor + {r['slack']:.3g}"
     seconds = r["seconds"]
     cost = f"HF float32 {seconds['reference']:.0f} s" + (

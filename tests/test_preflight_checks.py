@@ -166,6 +166,38 @@ def test_disk(tiny_llama, prepared_data, tmp_path):
         subprocess.run(["umount", "-l", str(mount)])
 
 
+def test_disk_counts_what_fp8_storage_writes(tiny_llama, prepared_data, tmp_path):
+    """fp8 files take half of bf16's bytes: a disk that holds the fp8 output is no failure for an fp8 run."""
+    def need(storage):
+        disk = by_name(run_checks(cfg_for(tiny_llama, prepared_data, tmp_path / "out", storage=storage,
+                                          dtype="bfloat16"))[0], "disk")
+        assert disk.status == PASS
+        return disk
+
+    from eaglewatch.pipeline.model_info import load_model_info
+    from eaglewatch.pipeline.plan import stored_bytes_per_token
+
+    hidden = load_model_info(str(tiny_llama)).hidden_size
+    fp8, bf16 = stored_bytes_per_token(3, hidden, "bfloat16", "fp8"), stored_bytes_per_token(3, hidden, "bfloat16",
+                                                                                             "dtype")
+    assert fp8 < 0.55 * bf16
+    need("fp8"), need("dtype")
+    mount = tmp_path / "small"
+    mount.mkdir()
+    tokens = sum(min(512, len(__import__("json").loads(line)["input_ids"]))
+                 for line in Path(prepared_data).read_text().splitlines() if line.strip())
+    size = int(tokens * (fp8 + bf16) / 2)  # between what fp8 needs and what bf16 needs
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)]).returncode:
+        pytest.skip("cannot mount a small tmpfs here")
+    try:
+        as_fp8 = by_name(run_checks(cfg_for(tiny_llama, prepared_data, mount / "out", storage="fp8",
+                                            dtype="bfloat16"))[0], "disk")
+        as_bf16 = by_name(run_checks(cfg_for(tiny_llama, prepared_data, mount / "out", dtype="bfloat16"))[0], "disk")
+        assert as_bf16.status == FAIL and as_fp8.status != FAIL, (as_bf16.reason, as_fp8.reason)
+    finally:
+        subprocess.run(["umount", "-l", str(mount)])
+
+
 @pytest.mark.parametrize("version, dist, tp, mla, expected", [
     ("0.26.0", "vllm", 2, False, "vLLM #51016"),
     ("0.25.1", "vllm", 4, False, "vLLM #51016"),
@@ -198,3 +230,18 @@ def test_cli_table_and_exit_code(tiny_llama, prepared_data, tmp_path):
     ok = run_cli("preflight", "--engine", "hf", "--no-miniature", "--json", "--model-path", tiny_llama,
                  "--prepared-data", prepared_data, "--output-dir", tmp_path / "out")
     assert ok.returncode == 0 and json.loads(ok.stdout)["passed"] is True
+
+
+def test_preflight_checks_the_speculators_layer_order(tiny_llama, prepared_data, tmp_path, monkeypatch):
+    """`preflight --format speculators` says what `extract --format speculators` would refuse, and passes a good
+    order."""
+    from speculators_reader import SPECULATORS_SITE
+
+    monkeypatch.syspath_prepend(str(SPECULATORS_SITE))  # the datasets package, installed beside the suite
+    bad = by_name(run_checks(cfg_for(tiny_llama, prepared_data, tmp_path / "out", output_format="speculators",
+                                     layer_ids=[4, 1, 2]))[0], "format")
+    assert bad.status == FAIL and "4" in bad.reason
+    good = by_name(run_checks(cfg_for(tiny_llama, prepared_data, tmp_path / "out", output_format="speculators",
+                                      layer_ids=[1, 2, 4]))[0], "format")
+    assert good.status == PASS
+    assert not [r for r in run_checks(cfg_for(tiny_llama, prepared_data, tmp_path / "out"))[0] if r.name == "format"]

@@ -80,7 +80,7 @@ def make_engine(options: EngineOptions, model_path: str | Path, layer_ids: Seque
         from eaglewatch.pipeline.engines.hf import HFEngine
 
         return HFEngine(model_path, layer_ids, dtype, trust_remote_code=options.trust_remote_code,
-                        fsync=options.fsync_each_file)
+                        fsync=options.fsync_each_file, storage=options.storage)
     from eaglewatch.pipeline.engines.vllm_engine import VLLMEngine
 
     return VLLMEngine(model_path, layer_ids, dtype=dtype, options=options)

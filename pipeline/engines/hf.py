@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from eaglewatch.pipeline.output import write_sample_file
+from eaglewatch.pipeline.output import STORAGE_DTYPE, write_sample_file
 from eaglewatch.pipeline.prepared_data import Sample
 
 
@@ -23,13 +23,14 @@ class HFEngine:
     name = "hf"
 
     def __init__(self, model_path: str | Path, layer_ids: Sequence[int], dtype: str, device: str | None = None,
-                 trust_remote_code: bool = False, fsync: bool = True):
+                 trust_remote_code: bool = False, fsync: bool = True, storage: str = STORAGE_DTYPE):
         self.model_path = str(model_path)
         self.layer_ids = list(layer_ids)
         self.dtype = dtype
         self.device = device
         self.trust_remote_code = trust_remote_code
         self.fsync = fsync
+        self.storage = storage
         self.model: Any = None
         self._captured: dict[int, Any] = {}
 
@@ -79,7 +80,7 @@ class HFEngine:
                 "hidden_states": states,
                 "token_ids": torch.tensor(sample.input_ids, dtype=torch.int64),
                 "loss_mask": torch.tensor(sample.loss_mask, dtype=torch.int8),
-            }, fsync=self.fsync)
+            }, fsync=self.fsync, storage=self.storage)
 
     def flush(self) -> None:
         return None  # submit writes synchronously

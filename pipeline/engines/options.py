@@ -15,6 +15,7 @@ from eaglewatch.errors import UserError
 from eaglewatch.pipeline import flags
 from eaglewatch.pipeline.flags import ArgumentAdder, flag
 from eaglewatch.pipeline.model_info import DTYPE_ALIASES
+from eaglewatch.pipeline.output import STORAGE_DTYPE, STORAGES
 
 ENGINES = ("vllm", "hf")
 # What the engines compute in (``--dtype``): fp8 and the like are weight formats, not activation dtypes.
@@ -70,6 +71,12 @@ class EngineOptions:
         None, "run vLLM's engine core in its own process (default: on GPUs, except with --exact; in-process on CPU, "
               "where the extra process competes for the cores)", action=argparse.BooleanOptionalAction)
     write_timeout: float = flag(600.0, "seconds to wait for a batch's files (default 600)", type=float)
+    # Apart from --dtype, which is what the engine computes in (and what verify's floors are made in): the storage
+    # is what the writer does with the computed states on their way to the disk.
+    storage: str = flag(STORAGE_DTYPE, "how the files keep the hidden states: dtype = as computed, in --dtype "
+                                       "(default); fp8 = float8_e4m3fn with one float32 scale per token, "
+                                       "speculators' FP8 layout (half of bf16's bytes; the rounding's error per "
+                                       "layer is recorded)", choices=STORAGES)
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -98,6 +105,8 @@ class EngineOptions:
         if self.exact and self.engine_core_process:
             found.append("--exact runs vLLM's engine core in-process (its batches then do not depend on timing); "
                          "drop --engine-core-process")
+        if self.storage not in STORAGES:
+            found.append(f"--storage must be one of {', '.join(STORAGES)} (got {self.storage!r})")
         if not self.write_timeout > 0 or math.isnan(self.write_timeout):
             found.append(f"--write-timeout must be a positive number of seconds (got {self.write_timeout})")
         return found

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from eaglewatch.pipeline.output import write_sample_file
+from eaglewatch.pipeline.output import STORAGE_DTYPE, write_sample_file
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -129,6 +129,9 @@ class EaglewatchHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
         self._writes_submitted = 0
         self._fault_after = _parse_fault(os.environ.get(FAULT_ENV, ""))
         self._fsync = bool(self._kv_transfer_config.get_from_extra_config("fsync", True))
+        # FP8 rounding happens in the writer threads, on the host copy: off the engine's step, the same code as the
+        # hf engine's (output.write_sample_file).
+        self._storage = str(self._kv_transfer_config.get_from_extra_config("storage", STORAGE_DTYPE))
         threads = int(self._kv_transfer_config.get_from_extra_config("num_writer_threads", 4))
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="eaglewatch-write")
 
@@ -203,14 +206,15 @@ class EaglewatchHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
         tensors = {"hidden_states": host, "token_ids": torch.tensor(write.token_ids, dtype=torch.int64)}
         if write.loss_mask is not None:
             tensors["loss_mask"] = torch.tensor(write.loss_mask, dtype=torch.int8)
-        self._executor.submit(self._write, write.path, tensors, done, self._fsync)
+        self._executor.submit(self._write, write.path, tensors, done, self._fsync, self._storage)
 
     @staticmethod
-    def _write(path: str, tensors: dict[str, torch.Tensor], done: Any, fsync: bool = True) -> None:
+    def _write(path: str, tensors: dict[str, torch.Tensor], done: Any, fsync: bool = True,
+               storage: str = STORAGE_DTYPE) -> None:
         try:
             if done is not None:
                 done.synchronize()
-            write_sample_file(path, {k: v.contiguous() for k, v in tensors.items()}, fsync=fsync)
+            write_sample_file(path, {k: v.contiguous() for k, v in tensors.items()}, fsync=fsync, storage=storage)
         except BaseException as exc:  # the driver is waiting on this file: tell it why it will not come
             # The partial file is gone already (write_sample_file removes it), which gives a full disk room for
             # the message; should even that fail, the empty marker still tells the driver to stop waiting.

@@ -66,6 +66,7 @@ def extraction_llm_kwargs(
     trust_remote_code: bool,
     max_num_seqs: int | None = None,
     fsync: bool = True,
+    storage: str = "dtype",
 ) -> dict[str, Any]:
     """The ``vllm.LLM`` arguments for a native hidden-state extraction (also what bench/ uses for bare vLLM)."""
     kwargs: dict[str, Any] = dict(
@@ -87,7 +88,7 @@ def extraction_llm_kwargs(
             "kv_connector": CONNECTOR_CLASS,
             "kv_connector_module_path": CONNECTOR_MODULE,
             "kv_role": "kv_producer",
-            "kv_connector_extra_config": {"fsync": fsync},
+            "kv_connector_extra_config": {"fsync": fsync, "storage": storage},
         },
     )
     if kv_cache_memory_bytes:
@@ -141,7 +142,8 @@ class VLLMEngine:
         self.llm = LLM(seed=o.seed, **extraction_llm_kwargs(
             self.model_path, self.layer_ids, tp_size=o.tp_size, dtype=self.dtype, max_seq_len=o.max_seq_len,
             gpu_memory_utilization=o.gpu_memory_utilization, kv_cache_memory_bytes=kv_cache_bytes,
-            enforce_eager=bool(eager), trust_remote_code=o.trust_remote_code, fsync=o.fsync_each_file))
+            enforce_eager=bool(eager), trust_remote_code=o.trust_remote_code, fsync=o.fsync_each_file,
+            storage=o.storage))
 
     @staticmethod
     def _requests(samples: Sequence[Sample], paths: Sequence[Path]) -> tuple[list[dict[str, Any]], list[Any]]:

@@ -258,7 +258,8 @@ def check_disk(ctx: Context) -> list[CheckResult]:
     except UserError as exc:
         return [_fail("disk", exc, "choose a writable --output-dir")]
     dtype = mi.normalise_dtype(ctx.cfg.dtype or info.dtype)
-    need = ctx.tokens * mi.bytes_per_token(len(ctx.layer_ids), info.hidden_size, dtype)
+    # What the files will hold: fp8 storage keeps a byte a value and one scale a token, half of bf16's.
+    need = ctx.tokens * plan.stored_bytes_per_token(len(ctx.layer_ids), info.hidden_size, dtype, ctx.cfg.storage)
     free = shutil.disk_usage(out).free
     text = f"about {need / 1e9:.2f} GB of output, {free / 1e9:.1f} GB free"
     if free < need * 1.05:
@@ -293,8 +294,20 @@ def check_versions(ctx: Context) -> list[CheckResult]:
     return results
 
 
+def check_format(ctx: Context) -> list[CheckResult]:
+    """``--format speculators``: the layer order its trainer needs, the draft vocabulary, the datasets package."""
+    if getattr(ctx.cfg, "output_format", "native") == "native":
+        return []
+    assert ctx.info is not None
+    try:
+        plan.check_output_format(ctx.cfg, ctx.info)
+    except UserError as exc:
+        return [_fail("format", exc, "pass the layer ids as the line says, or leave --format out and export later")]
+    return [CheckResult("format", PASS, f"{ctx.cfg.output_format}: the final layer is last, as its trainer reads")]
+
+
 CHECKS: tuple[Callable[[Context], list[CheckResult]], ...] = (
-    check_model, check_versions, check_layers, check_parallelism, check_data, check_memory, check_disk)
+    check_model, check_versions, check_layers, check_format, check_parallelism, check_data, check_memory, check_disk)
 
 
 def run_checks(cfg: plan.ExtractConfig, *, vllm: InstalledVLLM | None | EllipsisType = ...,
