@@ -5,6 +5,7 @@ The agent's server calls these; so can a test or an operator logged in on the ho
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -86,7 +87,8 @@ def validate_launch(argv: Any, cwd: Any, env: Any, name: Any) -> tuple[list[str]
     return argv, os.path.abspath(cwd), dict(env), name
 
 
-def _supervisor_argv(run_dir: Path) -> list[str]:
+def supervisor_argv(run_dir: Path) -> list[str]:
+    """How to start the supervisor of ``run_dir`` with this agent's own code (an installation, or the zipapp)."""
     import eaglewatch
 
     import_root = os.path.dirname(os.path.dirname(os.path.abspath(eaglewatch.__file__)))
@@ -98,6 +100,84 @@ def _supervisor_argv(run_dir: Path) -> list[str]:
         )
         return [sys.executable, "-c", code, import_root, "supervise", str(run_dir)]
     return [sys.executable, "-m", "eaglewatch.pipeline.agent", "supervise", str(run_dir)]
+
+
+def write_command_record(
+    run: RunDir,
+    requested_argv: Sequence[str],
+    job: jobpython.JobCommand | None,
+    *,
+    cwd: str,
+    env: Mapping[str, str],
+    name: str | None,
+    python: str | None,
+    installed: bool,
+    restart_of: str | None,
+    host: str | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write a run's ``cmd.json`` (docs/agent.md), after its empty ``log`` and ``events.jsonl``, so that a run
+    listed is a run whose files can be opened. ``job`` is the command worked out by ``jobpython`` (None when it
+    could not be: the run is recorded as asked, and ends before it starts); ``host`` is where it runs (this host
+    unless said); ``extra`` adds fields (a Slurm rank's ``slurm`` block). Returns the record."""
+    record: dict[str, Any] = {
+        "run": run.run_id,
+        "name": name,
+        "argv": list(job.argv) if job is not None else list(requested_argv),
+        "requested_argv": list(requested_argv),
+        "python": python,
+        "installed": bool(installed),
+        "job": dict(job.record) if job is not None else {},
+        "env": dict(env),
+        "cwd": cwd,
+        "started_at": time.time(),
+        "eaglewatch_version": __version__,
+        "restart_of": restart_of,
+        "host": host or socket.gethostname(),
+    }
+    record.update(extra or {})
+    run.log_path.touch()
+    run.events_path.touch()
+    write_json_atomic(run.cmd_path, record)
+    return record
+
+
+def supervisor_env(job: jobpython.JobCommand, base_env: Mapping[str, str]) -> dict[str, str]:
+    """The supervisor's environment, which the job inherits: ``base_env`` with what the job's command needs."""
+    env = dict(base_env)
+    env.update(job.env)
+    # Python jobs whose stdout is a file buffer it in 8 KiB blocks; the log is only live when they do not.
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def start_supervisor(run: RunDir, env: Mapping[str, str], *, detached: bool) -> subprocess.Popen:
+    """Start the run's supervisor, stdin /dev/null, its own stderr in ``supervisor.err``. ``detached``: in a
+    session of its own, to outlive the agent and its SSH session; otherwise in the caller's (a Slurm task's
+    launcher keeps the task's processes one tree, which Slurm tracks and ends)."""
+    with open(run.path / "supervisor.err", "ab") as err:
+        return subprocess.Popen(
+            supervisor_argv(run.path),
+            cwd=str(run.path),
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            close_fds=True,
+            start_new_session=detached,
+        )
+
+
+def _fresh_run_dir(root: Path, name: str | None) -> RunDir:
+    root.mkdir(parents=True, exist_ok=True)
+    for _ in range(5):
+        run = RunDir(root / new_run_id(name))
+        try:
+            run.path.mkdir()
+            return run
+        except FileExistsError:
+            continue
+    raise JobError("could not create a fresh run directory")  # pragma: no cover - five random collisions in 1 s
 
 
 def launch(
@@ -125,51 +205,10 @@ def launch(
         job = jobpython.job_command(argv, env, python=python, installed=bool(installed))
     except jobpython.JobPythonError as exc:
         raise BadRequest(str(exc)) from None
-    root.mkdir(parents=True, exist_ok=True)
-    for _ in range(5):
-        run = RunDir(root / new_run_id(name))
-        try:
-            run.path.mkdir()
-            break
-        except FileExistsError:
-            continue
-    else:  # pragma: no cover - five random collisions in one second
-        raise JobError("could not create a fresh run directory")
-    write_json_atomic(
-        run.cmd_path,
-        {
-            "run": run.run_id,
-            "name": name,
-            "argv": job.argv,
-            "requested_argv": argv,
-            "python": python,
-            "installed": bool(installed),
-            "job": job.record,
-            "env": env,
-            "cwd": cwd,
-            "started_at": time.time(),
-            "eaglewatch_version": __version__,
-            "restart_of": restart_of,
-            "host": socket.gethostname(),
-        },
-    )
-    run.log_path.touch()
-    run.events_path.touch()
-    job_env = dict(os.environ if base_env is None else base_env)
-    job_env.update(job.env)
-    # Python jobs whose stdout is a file buffer it in 8 KiB blocks; the log is only live when they do not.
-    job_env.setdefault("PYTHONUNBUFFERED", "1")
-    with open(run.path / "supervisor.err", "ab") as err:
-        proc = subprocess.Popen(
-            _supervisor_argv(run.path),
-            cwd=str(run.path),
-            env=job_env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-            close_fds=True,
-            start_new_session=True,
-        )
+    run = _fresh_run_dir(root, name)
+    write_command_record(run, argv, job, cwd=cwd, env=env, name=name, python=python, installed=bool(installed),
+                         restart_of=restart_of)
+    proc = start_supervisor(run, supervisor_env(job, os.environ if base_env is None else base_env), detached=True)
     _spawned.append(proc)
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
@@ -201,12 +240,99 @@ def _marked(run_id: str, table: list[procs.ProcInfo] | None) -> list[procs.Marke
     return [found for found in procs.marked_processes(table) if found.run_id == run_id]
 
 
+# --- runs on another node ------------------------------------------------------------------------------------
+# A Slurm rank runs on a compute node, where its launcher (slurm_task) started its supervisor; the login host, where
+# the agent runs, sees the run directory on the shared file system but none of the node's processes. The launcher
+# is the task's main process: while it lives, it refreshes task.alive in the run directory, and that file's age
+# says whether the task is alive. A shared file system's client caches a file's attributes for up to 60 s (NFS
+# acregmax), so a task is taken for gone only after LOST_AFTER_BEATS beats without news (2 minutes by default).
+TASK_ALIVE_ENV = "EAGLEWATCH_TASK_ALIVE_S"
+TASK_ALIVE_S = 10.0
+LOST_AFTER_BEATS = 12
+
+
+def task_alive_every_s(environ: Mapping[str, str] | None = None) -> float:
+    """Seconds between the launcher's beats: ``EAGLEWATCH_TASK_ALIVE_S``, else 10."""
+    text = (os.environ if environ is None else environ).get(TASK_ALIVE_ENV, "")
+    try:
+        value = float(text)
+    except ValueError:
+        return TASK_ALIVE_S
+    return value if 0 < value < float("inf") else TASK_ALIVE_S
+
+
+def mark_task_alive(run: RunDir, node: str, every_s: float) -> None:
+    """The launcher's first beat: who beats, and how long a silence means its task is gone."""
+    write_json_atomic(run.task_alive_path, {"node": node, "pid": os.getpid(), "every_s": every_s,
+                                            "lost_after_s": every_s * LOST_AFTER_BEATS, "since": time.time()})
+
+
+def beat_task_alive(run: RunDir) -> None:
+    """One more beat: the file's modification time is now."""
+    try:
+        os.utime(run.task_alive_path)
+    except OSError:  # the run directory was deleted: nobody is left to tell
+        pass
+
+
+def remote_node(cmd: Mapping[str, Any]) -> str | None:
+    """The node of a run that a Slurm task started on a host other than this one (its cmd.json's ``host`` and
+    ``slurm``), else None: this host's process table tells that run's state."""
+    host = cmd.get("host")
+    if isinstance(cmd.get("slurm"), dict) and isinstance(host, str) and host and host != socket.gethostname():
+        return host
+    return None
+
+
+def _task_alive(run: RunDir, cmd: Mapping[str, Any]) -> bool:
+    """Whether the run's Slurm task was heard from lately (a run with no beat yet: whether it started lately)."""
+    default = TASK_ALIVE_S * LOST_AFTER_BEATS
+    try:
+        last = run.task_alive_path.stat().st_mtime
+    except OSError:
+        started = cmd.get("started_at")
+        last = float(started) if isinstance(started, (int, float)) and not isinstance(started, bool) else 0.0
+        return time.time() - last <= default
+    try:
+        lost_after = float(json.loads(run.task_alive_path.read_text(encoding="utf-8"))["lost_after_s"])
+    except (OSError, ValueError, TypeError, KeyError):
+        lost_after = default
+    if not 0 < lost_after < float("inf"):
+        lost_after = default
+    return time.time() - last <= lost_after
+
+
+def _remote_state(run: RunDir, cmd: Mapping[str, Any]) -> str:
+    """A run on another node, from its run directory alone (exit.json was looked for already)."""
+    if _task_alive(run, cmd):
+        return JOB_RUNNING if run.pid() is not None else JOB_STARTING
+    # The beats stopped: the task ended, normally right after the supervisor wrote exit.json.
+    return JOB_EXITED if run.exit_path.exists() else JOB_LOST
+
+
+def _refuse_remote(run: RunDir, cmd: Mapping[str, Any], node: str, action: str) -> None:
+    """Refuse to stop or restart a run on another node: ``action`` is ``cancel`` or ``restart``."""
+    slurm = cmd.get("slurm") or {}
+    job, rank = slurm.get("job"), slurm.get("rank")
+    how = (f"eaglewatch job cancel {job} ends the job; eaglewatch job restart {job} {rank} runs the rank again"
+           if action == "cancel" else f"eaglewatch job restart {job} {rank} submits the rank again")
+    raise Refused(f"run {run.run_id} is rank {rank} of Slurm job {job} (task {slurm.get('array_job_id')}_"
+                  f"{slurm.get('array_task_id')}) on node {node}: this host cannot signal it, and only Slurm may "
+                  f"start it again; {how}")
+
+
+# --- state ----------------------------------------------------------------------------------------------------
 def run_state(run: RunDir, table: list[procs.ProcInfo] | None = None) -> str:
+    """starting, running, exited or lost (docs/agent.md, "States"). A run on this host is told by its processes;
+    a run a Slurm task started on another node by its run directory (``task.alive``)."""
     if dir_gone(run):
         # Nothing is left to read; the processes tell the truth: they carry the run's marker while they live.
         return JOB_RUNNING if _marked(run.run_id, table) else JOB_LOST
     if run.exit_path.exists():
         return JOB_EXITED
+    cmd = run.cmd()
+    if remote_node(cmd) is not None:
+        return _remote_state(run, cmd)
     pgid = run.pgid()
     if pgid is not None and procs.group_alive(run.run_id, pgid, table):
         return JOB_RUNNING
@@ -216,7 +342,7 @@ def run_state(run: RunDir, table: list[procs.ProcInfo] | None = None) -> str:
     if run.exit_path.exists():
         return JOB_EXITED
     if pgid is None and run.supervisor_pid() is None:
-        started = run.cmd().get("started_at") or 0
+        started = cmd.get("started_at") or 0
         if time.time() - started < 30:
             return JOB_STARTING
     return JOB_LOST
@@ -318,7 +444,8 @@ def job_pids(root: Path) -> list[int]:
     table = procs.snapshot()
     pids: list[int] = []
     for run in run_dirs(root):
-        if not run.exit_path.exists() and run.pgid() is not None:
+        # The pids of a run on another node are that node's: none of this host's processes.
+        if not run.exit_path.exists() and run.pgid() is not None and remote_node(run.cmd()) is None:
             pids.extend(procs.run_processes(run.run_id, run.pgid(), table))
     return pids
 
@@ -326,6 +453,14 @@ def job_pids(root: Path) -> list[int]:
 def stop(run: RunDir, grace_s: float = 10.0, notice: Notice | None = None) -> dict[str, Any]:
     """SIGTERM the run's process group, SIGKILL it after grace_s, and return once none of its processes is left."""
     say = notice or (lambda message: None)
+    cmd = {} if dir_gone(run) else run.cmd()
+    node = remote_node(cmd)
+    if node is not None:
+        # Nothing here is the run's: its pids are the node's, and an end recorded here would contradict what the
+        # node's supervisor records.
+        if run.exit_path.exists():
+            return run_summary(run)
+        _refuse_remote(run, cmd, node, "cancel")
     procs.wait_until(lambda: run.pid() is not None or run.exit_path.exists() or not supervisor_alive(run), 5.0)
     targets = procs.RunTargets(run.run_id, run.pgid())
     if run.exit_path.exists() and not targets.count:
@@ -397,6 +532,10 @@ def restart(
     (or argv) as a new run whose cmd.json names the old one in ``restart_of``."""
     say = notice or (lambda message: None)
     cmd = run.cmd()
+    node = remote_node(cmd)
+    if node is not None:
+        # A new run here would run on this host, outside the job; the job resubmits the rank to Slurm.
+        _refuse_remote(run, cmd, node, "restart")
     if not cmd.get("argv"):
         raise JobError(f"run {run.run_id} has no readable cmd.json")
     pids = procs.run_processes(run.run_id, run.pgid())

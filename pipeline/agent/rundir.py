@@ -8,6 +8,7 @@ Layout of ``<run root>/<run id>/`` (docs/agent.md)::
     pid, pgid       the job's pid and process group, written by the supervisor once the job runs
     supervisor.pid  the supervising wrapper that waits for the job and writes exit.json
     exit.json       code or signal, ended_at; written when the job ends
+    task.alive      a Slurm rank's launcher: refreshed while its task lives (runs on another node, docs/slurm.md)
 
 Reattaching means reading this folder: nothing the agent holds in memory is needed to rebuild a run's state.
 """
@@ -35,6 +36,7 @@ PID_FILE = "pid"
 PGID_FILE = "pgid"
 SUPERVISOR_PID_FILE = "supervisor.pid"
 EXIT_FILE = "exit.json"
+TASK_ALIVE_FILE = "task.alive"
 
 _RUN_ID = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}(-[A-Za-z0-9._-]{1,40})?$")
 _SLUG_DROP = re.compile(r"[^A-Za-z0-9._-]+")
@@ -127,6 +129,10 @@ class RunDir:
     @property
     def exit_path(self) -> Path:
         return self.path / EXIT_FILE
+
+    @property
+    def task_alive_path(self) -> Path:
+        return self.path / TASK_ALIVE_FILE
 
     def cmd(self) -> dict[str, Any]:
         return _read_json(self.cmd_path) or {}

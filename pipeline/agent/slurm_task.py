@@ -1,10 +1,13 @@
 """The rank launcher: what a job's batch script runs on the compute node, as the array task's main process.
 
 It makes the rank's run directory under the (shared) run root, with the run id the agent gave that rank at submit
-time, writes ``cmd.json`` as a launch does (plus a ``slurm`` block: job, rank, array task, node), starts eaglewatch's
-supervisor in it and waits. The supervisor runs the rank's command and writes ``exit.json``; the launcher then
-exits with the command's own status (or is ended by the same signal), so that Slurm's state for the task
-(COMPLETED, FAILED, ...) is the rank's.
+time, writes ``cmd.json`` as a launch does (``jobs.write_command_record``, plus a ``slurm`` block: job, rank, array
+task, node), starts eaglewatch's supervisor in it and waits. The supervisor runs the rank's command and writes
+``exit.json``; the launcher then exits with the command's own status (or is ended by the same signal), so that
+Slurm's state for the task (COMPLETED, FAILED, ...) is the rank's.
+
+While it waits it refreshes ``task.alive`` in the run directory (``jobs.beat_task_alive``): the login host, which
+sees the run directory but not this node's processes, tells from it that the task still lives.
 
 Slurm ends a task (scancel, time limit) by sending SIGTERM to every process of the task, then SIGKILL after
 ``KillWait``. The launcher, like the supervisor, ignores SIGTERM: the rank's command ends on it, the supervisor
@@ -23,11 +26,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Sequence
 
-from eaglewatch import __version__
 from eaglewatch.pipeline.agent import jobpython, jobs
 from eaglewatch.pipeline.agent.rundir import RunDir, is_run_id, write_json_atomic
 
@@ -84,40 +87,50 @@ def main(argv: Sequence[str]) -> int:
         _say(f"run directory {run_path} exists already: this task ran before (requeued?); restart the rank instead")
         return EXIT_BAD_TASK
     run = RunDir(run_path)
+    every_s = jobs.task_alive_every_s()
+    jobs.mark_task_alive(run, node, every_s)
     requested = rank_argv(command, args.rank, args.world_size)
     overrides = dict(item.split("=", 1) for item in args.env if "=" in item)
-    record = {
-        "run": run.run_id, "name": args.name, "argv": requested, "requested_argv": requested,
-        "python": args.python, "installed": bool(args.installed), "job": {}, "env": overrides, "cwd": args.cwd,
-        "started_at": time.time(), "eaglewatch_version": __version__, "restart_of": args.restart_of or None,
-        "host": node,
-        "slurm": {"job": args.job, "rank": args.rank, "world_size": args.world_size,
-                  "job_id": os.environ.get("SLURM_JOB_ID"), "array_job_id": os.environ.get("SLURM_ARRAY_JOB_ID"),
-                  "array_task_id": os.environ.get("SLURM_ARRAY_TASK_ID"), "node": node},
-    }
-    run.log_path.touch()
-    run.events_path.touch()
+    slurm = {"job": args.job, "rank": args.rank, "world_size": args.world_size,
+             "job_id": os.environ.get("SLURM_JOB_ID"), "array_job_id": os.environ.get("SLURM_ARRAY_JOB_ID"),
+             "array_task_id": os.environ.get("SLURM_ARRAY_TASK_ID"), "node": node}
+
+    def record(job: jobpython.JobCommand | None) -> None:
+        jobs.write_command_record(run, requested, job, cwd=args.cwd, env=overrides, name=args.name,
+                                  python=args.python, installed=bool(args.installed),
+                                  restart_of=args.restart_of or None, host=node, extra={"slurm": slurm})
+
     try:
         jobs.validate_launch(requested, args.cwd, overrides, args.name)
         job = jobpython.job_command(requested, overrides, python=args.python, installed=args.installed)
     except (jobs.JobError, jobpython.JobPythonError) as exc:
-        return _refused(run, record, str(exc))
-    record.update(argv=job.argv, job=job.record)
-    write_json_atomic(run.cmd_path, record)
-    env = dict(os.environ)
-    env.update(job.env)
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    with open(run.path / "supervisor.err", "ab") as err:
-        supervisor = subprocess.Popen(jobs._supervisor_argv(run.path), cwd=str(run.path), env=env,
-                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, close_fds=True)
-    status = supervisor.wait()
-    return _exit_like(run, status)
+        record(None)
+        return _refused(run, str(exc))
+    record(job)
+    supervisor = jobs.start_supervisor(run, jobs.supervisor_env(job, os.environ), detached=False)
+    return _exit_like(run, _wait_beating(supervisor, run, every_s))
 
 
-def _refused(run: RunDir, record: dict, message: str) -> int:
+def _wait_beating(supervisor: subprocess.Popen, run: RunDir, every_s: float) -> int:
+    """Wait for the supervisor, refreshing ``task.alive`` every ``every_s`` meanwhile; its exit status."""
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(every_s):
+            jobs.beat_task_alive(run)
+
+    beater = threading.Thread(target=beat, name="eaglewatch-task-alive", daemon=True)
+    beater.start()
+    try:
+        return supervisor.wait()
+    finally:
+        done.set()
+        beater.join()
+
+
+def _refused(run: RunDir, message: str) -> int:
     """The rank cannot start on this node (no such folder, no Python with vLLM): recorded as a run that could not
     start, the way the supervisor records a missing command."""
-    write_json_atomic(run.cmd_path, record)
     with open(run.log_path, "ab") as log:
         log.write(f"eaglewatch: cannot start the rank on this node: {message}\n".encode("utf-8", "replace"))
     write_json_atomic(run.exit_path, {"code": EXIT_BAD_TASK, "signal": None, "signal_name": None,

@@ -364,7 +364,8 @@ class FleetModel:
         if end_text is not None:
             if not ended_badly:
                 return DONE
-            return CANCELLED if self._ended_by_cancel(entry, view) else FAILED
+            # Slurm's CANCELLED: someone scancelled the task (the job's cancel, or by hand), which ended the run.
+            return CANCELLED if sched == SLURM_CANCELLED or self._ended_by_cancel(entry, view) else FAILED
         if sched in SLURM_FAILED:
             return FAILED
         if sched == SLURM_CANCELLED:

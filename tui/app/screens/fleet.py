@@ -269,6 +269,10 @@ class FleetScreen(Screen):
         if ops is None:
             return
         self.app.call_from_thread(self.app.notify, f"cancelling job {ops.job}…")
+        for row in self.fleet.snapshot().rows:
+            if row.run:
+                # Their ends are the cancel's, and may stream in before the scheduler's word on them does.
+                self.fleet.ended_by_operator(row.run)
         try:
             ops.cancel()
         except Exception as exc:
