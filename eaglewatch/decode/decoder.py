@@ -355,7 +355,7 @@ class Decoder:
                 and not (msg[0] in _BLOCK_FIRST and starts_block(msg))):
             # The common case, an INFO line outside any report: only a native line may hide in it (a
             # collector's INFO in front of a C++ CUDA check), and the engine's facts.
-            if "rror" in msg or "atchdog" in msg:
+            if "rror" in msg or "atchdog" in msg or " WARN " in msg or "UCX" in msg:
                 self._native_lines(proc, name, msg, level, time, source, out)
             elif "LLM engine (v" in msg:
                 self._engine_facts(msg)
@@ -389,7 +389,7 @@ class Decoder:
                     elif asm.started_by == "frame" and self._orphan is not None:
                         self._join_orphan_header(proc, asm)
 
-        if not consumed and msg and ("rror" in msg or "atchdog" in msg):
+        if not consumed and msg and ("rror" in msg or "atchdog" in msg or " WARN " in msg or "UCX" in msg):
             self._native_lines(proc, name, msg, level, time, source, out)
         if level not in _QUIET_LEVELS:
             if not consumed and maybe_death(msg):

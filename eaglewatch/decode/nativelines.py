@@ -60,6 +60,9 @@ _RAY_STATUS = re.compile(r"\b(?P<status>IOError|Invalid|NotFound|TimedOut|OutOfM
 # A process-group watchdog that died of an error (not a timeout), printed without the C++ abort around it:
 # "[PG ID 2 PG GUID 3 Rank 2] Process group watchdog thread terminated with exception: CUDA error: ...".
 _WATCHDOG_DIED = re.compile(r"Process group watchdog thread terminated with exception: (?P<msg>\S.*)")
+# NCCL's own debug output prints its errors at WARN: "host:18553:18611 [0] include/socket.h:360 WARN Call to
+# connect failed : Connection timed out" (NCCL 2.2), "host:123:456 [3] NCCL WARN Cuda failure 'out of memory'".
+_NCCL_WARN = re.compile(r"^\S+:\d+:\d+ \[\d+\] (?:[\w./]+:\d+ )?(?:NCCL )?WARN (?P<msg>\S.*)")
 _NATIVE = re.compile(
     r"CUDA [Ee]rror: (?P<m1>.+?) at (?P<f1>[\w./\-]+\.\w+):(?P<l1>\d+)"
     r"|Failed: Cuda error (?P<f2>[\w./\-]+\.\w+):(?P<l2>\d+) '(?P<m2>[^']*)'"
@@ -70,9 +73,10 @@ _OP = re.compile(r"OpType=(?P<op>\w+)")
 
 
 def maybe_native(msg: str) -> bool:
-    return "uda error" in msg or "UDA Error" in msg or "UDA error at" in msg or "blaslt error" in msg.lower() \
-        or "rocblas error" in msg.lower() or "UCX" in msg or ".cc:" in msg[:80] \
-        or "watchdog thread terminated" in msg
+    lower = msg.lower()
+    return ("uda error" in msg or "UDA Error" in msg or "UDA error at" in msg or "blaslt error" in lower
+            or "rocblas error" in lower or "UCX" in msg or ".cc:" in msg[:80] or " WARN " in msg
+            or "watchdog thread terminated" in msg)
 
 
 def maybe_watchdog(msg: str) -> bool:
@@ -151,7 +155,12 @@ def native_failure(
 
 
 def _other_native(msg: str) -> Optional[tuple[ExceptionRecord, str]]:
-    """UCX errors, Ray's C++ core errors with a Status, a process-group watchdog that died of an error."""
+    """UCX errors, Ray's C++ core errors with a Status, a process-group watchdog that died of an error, NCCL's
+    WARN lines."""
+    if " WARN " in msg:
+        nccl = _NCCL_WARN.match(msg)
+        if nccl is not None:
+            return ExceptionRecord("NCCL WARN", nccl.group("msg").strip()), "NCCL WARN line"
     if "UCX" in msg:
         ucx = _UCX.search(msg, 0, 400)
         if ucx is not None:

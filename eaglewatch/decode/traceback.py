@@ -76,7 +76,9 @@ _FILE = re.compile(r'\s*File "(?P<file>[^"]*)", line (?P<line>\d+|\?+)(?:,? in (
 _EXC = re.compile(r"(?P<type>[A-Za-z_][\w.]*(?:\([\w.]+\))?)(?:(?P<colon>:)(?: ?(?P<msg>.*))?)?$")
 # An exception line outside a traceback must name a class that looks like one.
 _EXC_NAME = (r"(?:[A-Za-z_]\w*\.)*(?:_?[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Iteration|Failed|Failure|Timeout)"
-             r"|Exception|BaseException)")
+             r"|Exception|BaseException)"
+             # any class of a module named for them: triton.runtime.errors.OutOfResources
+             r"|(?:[a-z_]\w*\.)+(?:errors|exceptions)\.[A-Z]\w*")
 _BARE_AT_START = re.compile(r"(?P<type>" + _EXC_NAME + r"(?:\([\w.]+\))?)(?::(?: ?(?P<msg>.*))?$|$)")
 _BARE_INSIDE = re.compile(r"(?<![\w.])(?P<type>" + _EXC_NAME + r"(?:\([\w.]+\))?): ")
 # The exception's repr, as ``logger.error(repr(e))`` prints it: ``AssertionError()``, ``ValueError('bad value')``.
@@ -87,6 +89,7 @@ _WORKER_METHOD = re.compile(r"Exception in worker \S+ while processing method \w
 # (older Rust: "panicked at 'msg', src/x.rs:1:2") or on the next (newer: "panicked at src/x.rs:1:2:").
 _PANIC = re.compile(r"thread '(?P<thread>[^']*)' panicked at (?P<rest>.*)$")
 RUST_PANIC = "Rust panic"
+_STATE_DICT = "Error(s) in loading state_dict for "
 _RAY_ACTOR_TAIL = ("The actor is dead because", "The actor never ran", "The actor died because")
 _REPEATED = re.compile(r"\s*\[Previous line repeated \d+ more times?\]")
 _PROCESS = re.compile(r"Process (?P<name>[^\s:]+):\s*$")
@@ -158,6 +161,9 @@ def may_start(msg: str, level: Optional[str]) -> bool:
         or "Traceback (most" in msg
         or "terminate called" in msg
         or "panicked at" in msg
+        or msg.startswith(_STATE_DICT)
+        or ".errors." in msg
+        or ".exceptions." in msg
         or "ray::" in msg
         or "Interrupt" in msg
         or "Exit" in msg
@@ -560,6 +566,9 @@ class TracebackAssembler:
         if level in _QUIET_LEVELS:
             return False
         bare = bare_exception(msg)
+        if bare is None and msg.startswith(_STATE_DICT):
+            # torch's load_state_dict raises a RuntimeError whose str() is this; printed alone it has no class.
+            bare = ("RuntimeError", msg, True, 0)
         if bare is None and msg[:1] == " " and level is None and not self.prev_indented:
             # An exception line quoted in prose with the writer's own indent ("  RuntimeError: ..."): only a
             # whole "Type: message", never a source line, which would sit under a frame.
