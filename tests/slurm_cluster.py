@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from eaglewatch.pipeline.agent.procs import pid_alive
+
 BINARIES = ("munged", "munge", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "sinfo")
 NODE_CPUS = 2
 START_TIMEOUT_S = 60.0
@@ -129,21 +131,6 @@ def _pid(path: Path) -> int | None:
         return None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (our own child, not yet reaped) is gone for every purpose here.
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
-
-
 def _wait(predicate, timeout_s: float, what: str, details=lambda: "") -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
@@ -162,11 +149,11 @@ def _start(argv: list[str], env: dict[str, str], what: str, folder: Path) -> Non
 def _stop(pid_file: Path) -> None:
     """SIGTERM the daemon whose pid the file holds, SIGKILL it if it does not go."""
     pid = _pid(pid_file)
-    if pid is None or not _alive(pid):
+    if pid is None or not pid_alive(pid):
         return
     os.kill(pid, signal.SIGTERM)
     try:
-        _wait(lambda: not _alive(pid), STOP_TIMEOUT_S, f"{pid_file.stem} (pid {pid}) to exit")
+        _wait(lambda: not pid_alive(pid), STOP_TIMEOUT_S, f"{pid_file.stem} (pid {pid}) to exit")
     except RuntimeError:
         os.kill(pid, signal.SIGKILL)
 

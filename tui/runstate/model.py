@@ -519,7 +519,7 @@ class RunModel:
     def _end(self) -> Optional[RunEnd]:
         return run_end(self._job_state, self._exit, self._dir_gone())
 
-    def _phase_now(self) -> str:
+    def _phase_now(self, samples: Optional[SampleCounts] = None) -> str:
         phase = self._phase
         if self._job_state == p.JOB_LOST:
             return "lost"
@@ -532,7 +532,7 @@ class RunModel:
             return "stalled"
         if phase:
             return phase
-        if self._sample_bar() is not None:
+        if samples is not None:
             return p.PHASE_EXTRACTING  # a known job past its start: its samples are going through
         return "starting" if self._job_state in (None, p.JOB_STARTING) else "running"
 
@@ -545,10 +545,10 @@ class RunModel:
                 found = counts
         return found
 
-    def _job_kind(self) -> Optional[str]:
+    def _job_kind(self, samples: Optional[SampleCounts]) -> Optional[str]:
         words = self._summary.get("argv")
         kind = kind_of_command([str(w) for w in words]) if isinstance(words, (list, tuple)) else None
-        if kind is None and self._sample_bar() is not None:
+        if kind is None and samples is not None:
             kind = SPECULATORS_DATAGEN
         return kind
 
@@ -562,7 +562,7 @@ class RunModel:
                                 last.eta_s, last.done))
         return tuple(bars)
 
-    def _extraction(self) -> Extraction:
+    def _extraction(self, samples: Optional[SampleCounts] = None) -> Extraction:
         info, prog, disk = self._info, self._progress, self._disk
         total = _int(prog.get("total")) or _int(info.get("samples"))
         done = _int(prog.get("done"))
@@ -571,8 +571,7 @@ class RunModel:
                 if bar.last.desc.startswith(_EXTRACT_BAR):
                     done = int(bar.last.n)
                     total = total or _int(bar.last.total)
-        samples = self._sample_bar() if done is None else None
-        if samples is not None:
+        if samples is not None and done is None:
             # A job without eaglewatch's events (speculators' own pipeline): its sample bar is the progress.
             return Extraction(done=samples.n, total=samples.total, samples_per_s=samples.per_second,
                               eta_s=samples.remaining_s if self._running() else None,
@@ -656,12 +655,13 @@ class RunModel:
                 marks.append(MARK_DIR_GONE)
             host = self._host
             state = self.decoder.state
+            samples = self._sample_bar()  # a known job's sample bar, read once for the view
             return RunView(
                 host=self.host,
                 run=summary.get("run"),
                 name=summary.get("name"),
                 command=fmt_argv(argv),
-                phase=self._phase_now(),
+                phase=self._phase_now(samples),
                 phase_detail=self._phase_detail,
                 job_state=self._job_state,
                 exit_text=end.text if end is not None else None,
@@ -670,7 +670,7 @@ class RunModel:
                 marks=tuple(marks),
                 link=self._link,
                 load=self._load_bars(),
-                extraction=self._extraction(),
+                extraction=self._extraction(samples),
                 gpus=self._gpu_views(),
                 gpu_note=self._gpu_note,
                 host_info=HostView(_float(host.get("cpu_percent")), _int(host.get("cpu_count")),
@@ -689,7 +689,7 @@ class RunModel:
                 and self._phase not in _AFTER_LOADING else None,
                 load_step_age_s=(self.clock() - self._load_step[1]) if self._load_step else None,
                 checks=self._preflight.views(self.wall()),
-                job_kind=self._job_kind(),
+                job_kind=self._job_kind(samples),
             )
 
 
