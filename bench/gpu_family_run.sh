@@ -12,6 +12,9 @@
 #
 #   OUT=/some/dir bash bench/gpu_family_run.sh bf16|int4|all
 #
+# EXTRACT_ARGS adds flags to the two MoE extractions (e.g. "--format speculators --storage fp8 --draft-vocab-size
+# 512"; the speculators format needs `datasets`: EW_EXTRA_PATH=/tmp/spec-site puts it after vLLM's folder).
+#
 # Each half fits in 9 minutes on an H200 once vLLM is installed: a step starts only with time left, and each runs
 # under `timeout`. Results in $OUT: one log per step (<step>.log), steps.tsv (step, exit code, seconds),
 # summary.txt (the preflight and verify lines), the verify reports as JSON, and the models' config.json files.
@@ -32,7 +35,7 @@ export VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-$W/vllm-cache}
 # The package maps pipeline/, tui/ and assets/ into eaglewatch/ through links: lay it out as one tree.
 LAYOUT=${EW_LAYOUT:-/tmp/ew}
 rm -rf "$LAYOUT" && mkdir -p "$LAYOUT" && cp -rL "$REPO/eaglewatch" "$LAYOUT/"
-export PYTHONPATH=$LAYOUT:/tmp/site
+export PYTHONPATH=$LAYOUT:/tmp/site${EW_EXTRA_PATH:+:$EW_EXTRA_PATH}
 cd "$W"  # not the checkout's root, so that the laid-out copy is the one imported
 EW=(python3 -m eaglewatch)
 
@@ -126,8 +129,8 @@ family() {
         --platform gpu --dtype bfloat16 --quantization "$quant" || return
     cp "$model/config.json" "$OUT/$name.config.json"
     step "$name-extract" 330 "${EW[@]}" extract --model-path "$model" --prepared-data "$W/data.jsonl" \
-        --output-dir "$out" --layer-ids "$@"
-    grep -h -E '\] miniature|time to|phase: done|phase: failed' "$OUT/$name-extract.log" >> "$OUT/summary.txt"
+        --output-dir "$out" --layer-ids "$@" ${EXTRACT_ARGS:-}
+    grep -h -E '\] miniature|time to|phase: done|phase: failed|speculators layout|fp8' "$OUT/$name-extract.log" >> "$OUT/summary.txt"
     step "$name-verify" 150 "${EW[@]}" verify "$out" --against-hf 8 --json
     cp "$OUT/$name-verify.log" "$OUT/$name-verify.json" 2>/dev/null
     head -c 2000 "$OUT/$name-verify.log" >> "$OUT/summary.txt"; echo >> "$OUT/summary.txt"

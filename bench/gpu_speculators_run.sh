@@ -11,7 +11,11 @@
 #      (datagen.log); a second pass whose engine core is killed part-way, so that the log also holds how that
 #      pipeline fails (datagen.log, after the line `== second pass ==`).
 #
-#   OUT=/some/dir SPEC_WHEELS=/tmp/w8 bash bench/gpu_speculators_run.sh [model|train|datagen|all]
+#   5. (stage fp8) the same data through `eaglewatch extract` twice, side by side: bf16 files in the native layout,
+#      then `--format speculators --storage fp8` (preflight on) straight into speculators' FP8 layout; `verify
+#      --against-hf` on both; then the unpatched `speculators train --hidden-states-backend fp8` on the fp8 folder.
+#
+#   OUT=/some/dir SPEC_WHEELS=/tmp/w8 bash bench/gpu_speculators_run.sh [model|train|datagen|fp8|all]
 #
 # `model` builds the model and stops (other GPU benchmarks reuse it); `train` is 1-3, `datagen` is 4 (on the
 # folder `train` extracted), `all` both. The extraction uses --no-preflight --enforce-eager to spend the device's
@@ -21,13 +25,13 @@
 # datasets, multiprocess) go to /tmp/spec-site. A copy run from outside the checkout needs EW_REPO=<checkout>.
 set -u
 STAGE=${1:-all}
-case "$STAGE" in model|train|datagen|all) ;; *) echo "usage: $0 model|train|datagen|all" >&2; exit 64 ;; esac
+case "$STAGE" in model|train|datagen|fp8|all) ;; *) echo "usage: $0 model|train|datagen|fp8|all" >&2; exit 64 ;; esac
 OUT=${OUT:?set OUT to the results folder}
 W=${WORKDIR:-/tmp/gs}
 MODEL=${MODEL:-/tmp/gx/model}
 SAMPLES=${SAMPLES:-1024}
 STEPS=${STEPS:-300}
-DRAFT_VOCAB=${DRAFT_VOCAB:-8192}
+DRAFT_VOCAB=${DRAFT_VOCAB:-512}  # below the random Llama's vocabulary (896)
 DEADLINE_S=${DEADLINE_S:-560}
 T0=$(date +%s)
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -60,7 +64,7 @@ EOF
 fi
 [ "$STAGE" = model ] && exit 0
 
-if [ "$STAGE" = train ] || [ "$STAGE" = all ]; then
+write_data() {
 PYTHONPATH=$EWPATH:$REPO/bench python3 - "$MODEL" "$W/data.jsonl" "$SAMPLES" <<'EOF'
 import json, sys
 from pathlib import Path
@@ -69,6 +73,41 @@ vocab = json.loads((Path(sys.argv[1]) / "config.json").read_text())["vocab_size"
 n = write_data(Path(sys.argv[2]), lengths_for("lognormal", int(sys.argv[3]), 64, 2048, seed=0), vocab, seed=2)
 print(f"data: {sys.argv[3]} samples, {n} tokens")
 EOF
+}
+
+if [ "$STAGE" = fp8 ]; then
+    write_data | tee -a "$OUT/console.txt"
+    say "extract bf16 (native layout, --no-preflight)"
+    PYTHONPATH=$EWPATH python3 -m eaglewatch extract --engine vllm --model-path "$MODEL" --prepared-data "$W/data.jsonl" \
+        --output-dir "$W/out-bf16" --layer-ids 2 8 13 16 --max-seq-len 2048 --dtype bfloat16 --force-new \
+        --no-preflight --enforce-eager > "$OUT/fp8-extract-bf16.log" 2>&1
+    say "extract bf16 exit $?"
+    say "extract fp8 (--format speculators --storage fp8, preflight on)"
+    PYTHONPATH=$SPECPATH:/tmp/ew python3 -m eaglewatch extract --engine vllm --model-path "$MODEL" \
+        --prepared-data "$W/data.jsonl" --output-dir "$W/out-fp8" --layer-ids 2 8 13 16 --max-seq-len 2048 \
+        --dtype bfloat16 --force-new --enforce-eager --format speculators --storage fp8 \
+        --draft-vocab-size "$DRAFT_VOCAB" > "$OUT/fp8-extract.log" 2>&1
+    say "extract fp8 exit $?"
+    cp "$W/out-fp8/speculators.json" "$OUT/fp8-speculators.json" 2>/dev/null
+    du -sb "$W/out-bf16" "$W/out-fp8" | tee "$OUT/fp8-du.txt"
+    for kind in bf16 fp8; do
+        PYTHONPATH=$EWPATH python3 -m eaglewatch verify "$W/out-$kind" --against-hf 8 > "$OUT/fp8-verify-$kind.log" 2>&1
+        say "verify $kind exit $?"
+        PYTHONPATH=$EWPATH python3 -m eaglewatch verify "$W/out-$kind" --json > "$OUT/fp8-verify-$kind.json" 2>&1
+    done
+    say "speculators train --hidden-states-backend fp8, $STEPS steps ($(left) s left)"
+    timeout -k 10 $(( $(left) - 10 )) env PYTHONPATH=$SPECPATH python3 -m speculators train \
+        --verifier-name-or-path "$MODEL" --data-path "$W/out-fp8" --speculator-type eagle3 --target-layer-ids 2 8 13 \
+        --draft-vocab-size "$DRAFT_VOCAB" --hidden-states-backend fp8 --max-steps "$STEPS" --total-seq-len 4096 \
+        --log-freq 10 --save-path "$W/ckpt-fp8" --log-dir "$W/logs-fp8" --on-missing raise --num-workers 4 \
+        --checkpoint-freq 100 --loss-implementation eager > "$OUT/fp8-train.log" 2>&1
+    say "train exit $?"
+    grep -c "loss" "$OUT/fp8-train.log" | sed 's/^/lines with a loss: /' | tee -a "$OUT/console.txt"
+    say "done"; exit 0
+fi
+
+if [ "$STAGE" = train ] || [ "$STAGE" = all ]; then
+write_data
 
 say "extract (default flags)"
 PYTHONPATH=$EWPATH python3 -m eaglewatch extract --engine vllm --model-path "$MODEL" --prepared-data "$W/data.jsonl" \
@@ -85,7 +124,7 @@ timeout -k 10 $(( $(left) - 10 )) env PYTHONPATH=$SPECPATH python3 -m speculator
     --verifier-name-or-path "$MODEL" --data-path "$W/out" --speculator-type eagle3 --target-layer-ids 2 8 13 \
     --draft-vocab-size "$DRAFT_VOCAB" --max-steps "$STEPS" --total-seq-len 4096 --log-freq 10 \
     --save-path "$W/ckpt" --log-dir "$W/logs" --on-missing raise --num-workers 4 --checkpoint-freq 100 \
-    > "$OUT/train.log" 2>&1
+    --loss-implementation eager > "$OUT/train.log" 2>&1
 say "train exit $?"
 grep -c "loss" "$OUT/train.log" | sed 's/^/lines with a loss: /' | tee -a "$OUT/console.txt"
 fi
