@@ -126,13 +126,16 @@ def clean_message(msg: str) -> str:
 class _Proc:
     """What the decoder keeps per process besides the state: its assembler and its previous line."""
 
-    __slots__ = ("lane", "asm", "prev_msg", "prev_record")
+    __slots__ = ("lane", "asm", "prev_msg", "prev_record", "run_first")
 
     def __init__(self, lane: LaneState) -> None:
         self.lane = lane
         self.asm: Optional[TracebackAssembler] = None
         self.prev_msg: Optional[str] = None
         self.prev_record: Optional[tuple[Optional[str], Optional[str], Optional[str]]] = None
+        # The first line of the logger record the previous line belongs to (lines of one record share level, time
+        # and source): ``logger.exception(e)`` prints str(e) there, before the traceback.
+        self.run_first: Optional[str] = None
 
     @property
     def rank(self) -> Optional[int]:
@@ -288,7 +291,14 @@ class Decoder:
                     found = VLLM_HEADER.match(msg)
                     if found is not None:
                         level, time, source = found.groups()
-                        self._line(hit, LEVELS[level], time, source, msg[found.end():], out, now)
+                        body = msg[found.end():]
+                        # A paste that lost its line breaks runs the next prefixed line on into this one.
+                        cut = self._prefixes.find_embedded(body, 1) if "pid=" in body else -1
+                        if cut > 0 and VLLM_HEADER.match(body, body.index(") ", cut) + 2) is not None:
+                            self._line(hit, LEVELS[level], time, source, body[:cut].rstrip(), out, now)
+                            text = body[cut:]
+                            continue
+                        self._line(hit, LEVELS[level], time, source, body, out, now)
                         return
                     header = parse_header(msg)
                 elif msg[0] in "[0123456789/" or "Warning: " in msg:
@@ -355,12 +365,15 @@ class Decoder:
                 and not (msg[0] in _BLOCK_FIRST and starts_block(msg))):
             # The common case, an INFO line outside any report: only a native line may hide in it (a
             # collector's INFO in front of a C++ CUDA check), and the engine's facts.
-            if "rror" in msg or "atchdog" in msg or " WARN " in msg or "UCX" in msg:
+            if "rror" in msg or "atchdog" in msg or " WARN " in msg or "UCX" in msg or "Assertion `" in msg:
                 self._native_lines(proc, name, msg, level, time, source, out)
             elif "LLM engine (v" in msg:
                 self._engine_facts(msg)
+            record = (level, time, source)
+            if record != proc.prev_record:
+                proc.run_first = msg
             proc.prev_msg = msg
-            proc.prev_record = (level, time, source)
+            proc.prev_record = record
             return
         if msg and (msg[0] in _CLEAN_FIRST or msg[-1] in _CLEAN_LAST):
             msg = clean_message(msg)
@@ -389,7 +402,7 @@ class Decoder:
                     elif asm.started_by == "frame" and self._orphan is not None:
                         self._join_orphan_header(proc, asm)
 
-        if not consumed and msg and ("rror" in msg or "atchdog" in msg or " WARN " in msg or "UCX" in msg):
+        if not consumed and msg and ("rror" in msg or "atchdog" in msg or " WARN " in msg or "UCX" in msg or "Assertion `" in msg):
             self._native_lines(proc, name, msg, level, time, source, out)
         if level not in _QUIET_LEVELS:
             if not consumed and maybe_death(msg):
@@ -403,8 +416,11 @@ class Decoder:
         elif "LLM engine (v" in msg:
             self._engine_facts(msg)
 
+        record = (level, time, source) if level is not None else None
+        if record is None or record != proc.prev_record:
+            proc.run_first = msg if record is not None else None
         proc.prev_msg = msg
-        proc.prev_record = (level, time, source) if level is not None else None
+        proc.prev_record = record
 
     def _native_lines(self, proc: _Proc, name: str, msg: str, level: Optional[str], time: Optional[str],
                       source: Optional[str], out: list[Event]) -> None:
@@ -421,6 +437,7 @@ class Decoder:
               source: Optional[str], out: list[Event]) -> bool:
         """One line to ``proc``'s assembler; what it completes goes to the state, and so does what it shows
         at once (the exception line has arrived). Returns whether the line belonged to a report."""
+        asm.run_first = proc.run_first
         done = asm.feed(msg, level, time, source, self._line_no, proc.prev_msg, proc.prev_record,
                         self._recent_time)
         consumed = asm.last_consumed

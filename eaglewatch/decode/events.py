@@ -105,8 +105,10 @@ class ExceptionRecord:
 
     @property
     def short_type(self) -> str:
-        """``torch.OutOfMemoryError`` -> ``OutOfMemoryError``; ``RayTaskError(ValueError)`` -> ``RayTaskError``."""
-        return self.exc_type.split("(", 1)[0].rsplit(".", 1)[-1]
+        """``torch.OutOfMemoryError`` -> ``OutOfMemoryError``; ``RayTaskError(ValueError)`` -> ``RayTaskError``;
+        ``tensorrt_llm::common::TllmException`` -> ``TllmException``."""
+        name = self.exc_type.split("(", 1)[0].rsplit(".", 1)[-1]
+        return name.rsplit("::", 1)[-1] if "::" in name else name
 
     @property
     def innermost(self) -> Optional[Frame]:

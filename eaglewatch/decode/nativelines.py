@@ -10,6 +10,10 @@
 * ``failure detected by watchdog at work sequence id: 40231`` (PyTorch 2.6 and later's watchdog): kind ``watchdog``.
 * UCX's ``tcp_ep.c:1260 UCX  ERROR ...``, Ray's C++ ``[... E pid pid] core_worker.cc:228: ... IOError: ...`` (its
   Status is the type), and a process-group watchdog that died of an error rather than a timeout: kind ``native``.
+* A CUDA kernel's device-side assertion, one line per failing thread: ``/pytorch/aten/src/ATen/native/cuda/Loss.cu:240:
+  nll_loss_forward_reduce_cuda_kernel_2d: block: [0,0,0], thread: [17,0,0] Assertion `t >= 0 && t < n_classes`
+  failed.``: kind ``native``, type ``CUDA Error``, grouped by kernel file and line whatever the thread. It comes
+  before the ``RuntimeError: CUDA error: device-side assert triggered`` that reports it, and names the check.
 * ``rocblaslt error: Could not load .../TensileLibrary_lazy_gfx942.dat`` (ROCm's BLAS libraries): kind ``native``,
   type ``rocblaslt error`` as printed.
 
@@ -68,6 +72,11 @@ _NATIVE = re.compile(
     r"|Failed: Cuda error (?P<f2>[\w./\-]+\.\w+):(?P<l2>\d+) '(?P<m2>[^']*)'"
     r"|CUDA error at (?P<f3>[\w./\-]+\.\w+):(?P<l3>\d+) code=(?P<m3>.+)"
 )
+# Every failing GPU thread prints one; threads printing at once write into each other's lines, so a line is taken
+# only whole.
+_DEVICE_ASSERT = re.compile(
+    r"(?P<file>[\w./\-]+\.cuh?):(?P<line>\d+): (?P<kernel>[^:\s][^:]*?): block: \[\d+,\d+,\d+\], "
+    r"thread: \[\d+,\d+,\d+\] Assertion `(?P<check>[^`]*)` failed\.")
 _SEQ = re.compile(r"SeqNum=(?P<seq>\d+)")
 _OP = re.compile(r"OpType=(?P<op>\w+)")
 
@@ -76,7 +85,7 @@ def maybe_native(msg: str) -> bool:
     lower = msg.lower()
     return ("uda error" in msg or "UDA Error" in msg or "UDA error at" in msg or "blaslt error" in lower
             or "rocblas error" in lower or "UCX" in msg or ".cc:" in msg[:80] or " WARN " in msg
-            or "watchdog thread terminated" in msg)
+            or "watchdog thread terminated" in msg or "Assertion `" in msg)
 
 
 def maybe_watchdog(msg: str) -> bool:
@@ -156,7 +165,15 @@ def native_failure(
 
 def _other_native(msg: str) -> Optional[tuple[ExceptionRecord, str]]:
     """UCX errors, Ray's C++ core errors with a Status, a process-group watchdog that died of an error, NCCL's
-    WARN lines."""
+    WARN lines, device-side assertions."""
+    if "Assertion `" in msg:
+        check = _DEVICE_ASSERT.search(msg, 0, 2000)
+        if check is not None:
+            file = check.group("file")
+            frame = Frame(file, int(check.group("line")), check.group("kernel"), None, frame_kind(file))
+            return (ExceptionRecord(NATIVE_CUDA_TYPE, f"Assertion `{check.group('check')}` failed. (device-side, "
+                                                      f"in {check.group('kernel')})", (frame,)),
+                    "CUDA device-side assertion")
     if " WARN " in msg:
         nccl = _NCCL_WARN.match(msg)
         if nccl is not None:

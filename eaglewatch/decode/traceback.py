@@ -65,6 +65,7 @@ BASIS_BARE = "exception line without traceback header"
 BASIS_CUT = "traceback cut off before its exception line"
 BASIS_CHAIN_CUT = "chained part cut off"
 BASIS_JOINED = "header and frames joined across lanes"
+BASIS_LOGGED = "exception message logged before its traceback, which is cut"
 BASIS_RAY = "Ray task report"
 BASIS_DEBUGGER = "debugger exception report (frames innermost first)"
 BASIS_FAULTHANDLER = "faulthandler dump"
@@ -75,14 +76,19 @@ BASIS_CHECK = "preflight check"
 _FILE = re.compile(r'\s*File "(?P<file>[^"]*)", line (?P<line>\d+|\?+)(?:,? in (?P<func>.*?))?\s*$')
 _EXC = re.compile(r"(?P<type>[A-Za-z_][\w.]*(?:\([\w.]+\))?)(?:(?P<colon>:)(?: ?(?P<msg>.*))?)?$")
 # An exception line outside a traceback must name a class that looks like one.
-_EXC_NAME = (r"(?:[A-Za-z_]\w*\.)*(?:_?[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Iteration|Failed|Failure|Timeout)"
+# A C++ class keeps its namespaces as printed: tensorrt_llm::common::TllmException.
+_EXC_NAME = (r"(?:[A-Za-z_]\w*(?:\.|::))*(?:_?[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Iteration|Failed|Failure|Timeout)"
              r"|Exception|BaseException)"
              # any class of a module named for them: triton.runtime.errors.OutOfResources
              r"|(?:[a-z_]\w*\.)+(?:errors|exceptions)\.[A-Z]\w*")
 _BARE_AT_START = re.compile(r"(?P<type>" + _EXC_NAME + r"(?:\([\w.]+\))?)(?::(?: ?(?P<msg>.*))?$|$)")
-_BARE_INSIDE = re.compile(r"(?<![\w.])(?P<type>" + _EXC_NAME + r"(?:\([\w.]+\))?): ")
+_BARE_INSIDE = re.compile(r"(?<![\w.])(?<!::)(?P<type>" + _EXC_NAME + r"(?:\([\w.]+\))?): ")
 # The exception's repr, as ``logger.error(repr(e))`` prints it: ``AssertionError()``, ``ValueError('bad value')``.
 _REPR_AT_START = re.compile(r"(?P<type>" + _EXC_NAME + r")\((?:(?P<q>['\"])(?P<msg>.*)(?P=q))?\)\s*$")
+# torchelastic's error file, dumped into the log by its error handler: the exception is a JSON string,
+# '    "message": "RendezvousConnectionError: The connection to the C10d store has failed. ...",'.
+_JSON_MESSAGE = re.compile(r'\s*"message": "(?P<type>' + _EXC_NAME + r'): (?P<msg>(?:[^"\\]|\\.)*)"?,?\s*$')
+BASIS_JSON = "exception quoted in an error file's JSON"
 _LABEL_END = frozenset(":：】]>)*`'\" \t")
 _WORKER_METHOD = re.compile(r"Exception in worker \S+ while processing method \w+: (?P<msg>.*?),?$")
 # Rust's panic report (tokenizers, Dynamo's frontend, anything with a Rust core): the message on the same line
@@ -309,7 +315,7 @@ class TracebackAssembler:
         "lane", "pid", "state", "hkey", "record_key", "level", "time", "source", "line_no", "origin", "context",
         "survived", "chain", "cur", "text", "foreign", "kind", "signal", "group_lines", "abort_seen", "stacks",
         "last_consumed", "fragment", "basis", "flat", "after_frame", "provisional_due", "pending_exc",
-        "reverse", "abort_junk", "started_by", "prev_indented", "ipython",
+        "reverse", "abort_junk", "started_by", "prev_indented", "ipython", "run_first", "pending_basis",
     )
 
     def __init__(self, lane: str, pid: Optional[int] = None) -> None:
@@ -319,6 +325,7 @@ class TracebackAssembler:
         self.last_consumed = False  # whether the last line fed belonged to a traceback
         self.provisional_due = False  # an exception line just arrived: snapshot() shows it
         self.prev_indented = False  # the lane's previous line was indented code or a caret line
+        self.run_first: Optional[str] = None  # the first line of the logger record before this line (the decoder's)
         self._reset()
 
     def _reset(self) -> None:
@@ -344,6 +351,7 @@ class TracebackAssembler:
         self.flat = False  # frames printed without their indentation: source lines are not indented either
         self.after_frame = False  # the last line kept was a frame line
         self.pending_exc: Optional[tuple[str, str]] = None  # the wrapper named by a Ray task header
+        self.pending_basis: Optional[str] = None  # how the decoder knows pending_exc, when not from a header
         self.reverse = False  # frames listed innermost first (a debugger's report)
         self.abort_junk = 0
         self.started_by = ""  # "header", "frame", "exception", ...
@@ -423,6 +431,8 @@ class TracebackAssembler:
             self.cur = _Exc(None)
             self.state = _FRAMES
             self.started_by = "header"
+            if self.record_key is not None and prev_record == self.record_key and self.run_first:
+                self._logged_message(self.run_first)
         elif EG_MARK in msg and stripped.lstrip("+ ").startswith(EG_MARK):
             self._begin(level, time, source, line_no, prev_msg, prev_record)
             self.cur = _Exc(None)
@@ -576,6 +586,12 @@ class TracebackAssembler:
             quoted = bare_exception(msg[lead:]) if lead <= 4 else None
             if quoted is not None and quoted[2] and quoted[1].strip() and quoted[3] == 0:
                 bare = quoted
+        json_quoted = False
+        if bare is None and '"message": "' in msg[:40]:
+            found = _JSON_MESSAGE.match(msg)
+            if found is not None:
+                text = found.group("msg").replace('\\"', '"').replace("\\n", "\n").split("\n")[0]
+                bare, json_quoted = (found.group("type"), text, True, 0), True
         if bare is None:
             return False
         exc_type, message, colon, start = bare
@@ -596,9 +612,20 @@ class TracebackAssembler:
         self.state = _AFTER_EXC
         self.started_by = "exception"
         self.fragment = True
-        self.basis = BASIS_FRAGMENT if self.prev_indented else BASIS_BARE
+        self.basis = BASIS_JSON if json_quoted else BASIS_FRAGMENT if self.prev_indented else BASIS_BARE
         self.provisional_due = True
         return True
+
+    def _logged_message(self, first: str) -> None:
+        """``logger.exception(e)`` (vLLM's V0 engine, many servers): str(e) opens the record and the traceback
+        follows in it. Should the traceback be cut before its exception line, that message, with the class its
+        wording gives away, is the exception."""
+        first = first.strip()
+        # A line that names its class ("AssertionError()", "ValueError: x") is a failure of its own already.
+        exc_class = class_from_message(first) if first and bare_exception(first) is None else None
+        if exc_class is not None:
+            self.pending_exc = (exc_class, first)
+            self.pending_basis = BASIS_LOGGED
 
     def _start_check(self, msg, level, time, source, line_no, prev_msg, prev_record) -> bool:
         found = _CHECK.match(msg)
@@ -1071,6 +1098,8 @@ class TracebackAssembler:
                 elif self.pending_exc is not None:
                     cur.exc_type, cur.msg_lines = self.pending_exc[0], [self.pending_exc[1]]
                     complete = True
+                    if self.pending_basis is not None:
+                        self.basis, self.fragment = self.pending_basis, True
                 elif not cur.frames and kind == KIND_TRACEBACK:
                     # A "Traceback (most recent call last):" line and nothing of it: nothing to report.
                     self._reset()
