@@ -66,6 +66,7 @@ def maybe_death(msg: str) -> bool:
         or "xit code" in msg
         or "xitcode" in msg
         or "eturncode" in msg
+        or "eturn code" in msg
         or "fault" in msg
         or "Bus error" in msg
         or "Illegal instruction" in msg

@@ -61,6 +61,8 @@ _OUTER = re.compile(
 )
 # Escape sequences written out as text: syslog's "#033[0;36m", a pager's "^[[0;36m".
 _TEXT_ESCAPES = re.compile(r"(?:#033|\^\[)\[[0-9;]*[A-Za-z]")
+# Ray's colour codes around a prefix whose ESC bytes a paste lost: "[36m(RayWorkerWrapper pid=812)[0m *** SIG...".
+_BARE_COLOUR = re.compile(r"\[[0-9;]{1,8}m(?=\()|(?<=\))\[0m")
 _REPEATED_SUFFIX = re.compile(r" ?\[repeated \d+x across cluster\]$")
 _CLEAN_FIRST = frozenset("`*")
 _CLEAN_LAST = frozenset("`*M]")
@@ -262,6 +264,8 @@ class Decoder:
         cache = self._prefix_cache
         if "#033[" in text or "^[[" in text:
             text = _TEXT_ESCAPES.sub("", text)
+        elif text[:1] == "[" and text[1:2].isdigit() and "m(" in text[:12]:
+            text = _BARE_COLOUR.sub("", text, 2)
         while text:
             first = text[0]
             hit = None
@@ -402,7 +406,8 @@ class Decoder:
                     elif asm.started_by == "frame" and self._orphan is not None:
                         self._join_orphan_header(proc, asm)
 
-        if not consumed and msg and ("rror" in msg or "atchdog" in msg or " WARN " in msg or "UCX" in msg or "Assertion `" in msg):
+        if not consumed and msg and ("rror" in msg or "atchdog" in msg or " WARN " in msg or "UCX" in msg
+                                     or "Assertion `" in msg or msg[:8] == "[ERROR] "):
             self._native_lines(proc, name, msg, level, time, source, out)
         if level not in _QUIET_LEVELS:
             if not consumed and maybe_death(msg):

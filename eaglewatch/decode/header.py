@@ -57,7 +57,8 @@ _TIME_FIRST = re.compile(
     # "[2026-03-27 10:26:01,148] LMCache ERROR: msg" (a name before it),
     # "2025-12-03 18:28:56,195\tERROR worker.py:433 -- msg" (Ray's form)
     r"\s+(?:[A-Z][\w.\-]{1,30}\s+)??\[?(?P<lv2>" + _LEVEL_ALT + r")\]?:?\s+(?:\d{1,8}\s+(?=\[))?"
-    r"(?:\[(?P<src2>[\w.\-/]+:\d+)\] ?|(?P<src4>[\w.\-/]+:\d+) -- )?"
+    # DeepSpeed's "[2023-04-14 13:11:27,885] [ERROR] [launch.py:434:sigkill_handler] msg" names the function too
+    r"(?:\[(?P<src2>[\w.\-/]+:\d+(?::[\w<>]+)?)\] ?|(?P<src4>[\w.\-/]+:\d+) -- )?"
     r"|"
     r" \| (?P<lv3>" + _LEVEL_ALT + r"|SUCCESS|TRACE) *\| (?P<src3>[\w.<>\-]+:[\w.<>\-]+:\d+) - "
     r")"

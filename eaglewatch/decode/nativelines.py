@@ -5,7 +5,8 @@
   several ranks' reports run together; each is a failure of kind ``watchdog``.
 * ``CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:56`` (a C++ allocator's check),
   ``Failed: Cuda error /workspace/csrc/custom_all_reduce.cuh:164 'invalid argument'`` (vLLM's CUDACHECK),
-  ``CUDA error at file.cu:12 code=2(cudaErrorMemoryAllocation)`` (the CUDA samples' helper): kind ``native``,
+  ``CUDA error at file.cu:12 code=2(cudaErrorMemoryAllocation)`` (the CUDA samples' helper), ``cudaError error: 2
+  (out of memory)  file=csrc/core.cpp func=resume line=172`` (torch_memory_saver's check): kind ``native``,
   type ``CUDA Error``, the file and line as the frame.
 * ``failure detected by watchdog at work sequence id: 40231`` (PyTorch 2.6 and later's watchdog): kind ``watchdog``.
 * UCX's ``tcp_ep.c:1260 UCX  ERROR ...``, Ray's C++ ``[... E pid pid] core_worker.cc:228: ... IOError: ...`` (its
@@ -14,6 +15,9 @@
   nll_loss_forward_reduce_cuda_kernel_2d: block: [0,0,0], thread: [17,0,0] Assertion `t >= 0 && t < n_classes`
   failed.``: kind ``native``, type ``CUDA Error``, grouped by kernel file and line whatever the thread. It comes
   before the ``RuntimeError: CUDA error: device-side assert triggered`` that reports it, and names the check.
+* Huawei CANN's own error lines (Ascend NPUs: HCCL, the runtime, the graph engine): ``[ERROR]
+  HCCL(36035,mindie_llm_backend_connector):2025-05-13-02:25:58.068.817 [op_base.cc:974][36818][Init]...
+  HcclCommInitRootInfo failed.``: kind ``native``, type ``HCCL ERROR`` (the module's name and the level).
 * ``rocblaslt error: Could not load .../TensileLibrary_lazy_gfx942.dat`` (ROCm's BLAS libraries): kind ``native``,
   type ``rocblaslt error`` as printed.
 
@@ -71,21 +75,26 @@ _NATIVE = re.compile(
     r"CUDA [Ee]rror: (?P<m1>.+?) at (?P<f1>[\w./\-]+\.\w+):(?P<l1>\d+)"
     r"|Failed: Cuda error (?P<f2>[\w./\-]+\.\w+):(?P<l2>\d+) '(?P<m2>[^']*)'"
     r"|CUDA error at (?P<f3>[\w./\-]+\.\w+):(?P<l3>\d+) code=(?P<m3>.+)"
+    # torch_memory_saver's check: "cudaError error: 2 (out of memory)  file=csrc/core.cpp func=resume line=172"
+    r"|cudaError error: (?P<m4>\d+ \([^)]*\)) +file=(?P<f4>[\w./\-]+\.\w+) func=\S+ line=(?P<l4>\d+)"
 )
 # Every failing GPU thread prints one; threads printing at once write into each other's lines, so a line is taken
 # only whole.
 _DEVICE_ASSERT = re.compile(
     r"(?P<file>[\w./\-]+\.cuh?):(?P<line>\d+): (?P<kernel>[^:\s][^:]*?): block: \[\d+,\d+,\d+\], "
     r"thread: \[\d+,\d+,\d+\] Assertion `(?P<check>[^`]*)` failed\.")
+# CANN: "[ERROR] MODULE(pid,process):date [file.cc:line][tid][tags]...message".
+_CANN = re.compile(r"\[ERROR\] (?P<mod>[A-Z][A-Z_]{1,15})\(\d+,[^)]*\):\S+ \[(?P<src>[\w.]+):(?P<line>\d+)\]"
+                   r"(?:\[[^\]]*\])*(?P<msg>.*)")
 _SEQ = re.compile(r"SeqNum=(?P<seq>\d+)")
 _OP = re.compile(r"OpType=(?P<op>\w+)")
 
 
 def maybe_native(msg: str) -> bool:
     lower = msg.lower()
-    return ("uda error" in msg or "UDA Error" in msg or "UDA error at" in msg or "blaslt error" in lower
+    return ("uda error" in msg or "UDA Error" in msg or "cudaError error" in msg or "UDA error at" in msg or "blaslt error" in lower
             or "rocblas error" in lower or "UCX" in msg or ".cc:" in msg[:80] or " WARN " in msg
-            or "watchdog thread terminated" in msg or "Assertion `" in msg)
+            or "watchdog thread terminated" in msg or "Assertion `" in msg or msg[:8] == "[ERROR] ")
 
 
 def maybe_watchdog(msg: str) -> bool:
@@ -151,8 +160,8 @@ def native_failure(
             line_no=line_no, level=level, time=time, source=source, text=msg.strip(), pid=pid,
             confidence=LIKELY, basis="native library error line (no Python exception)",
         )
-    file = found.group("f1") or found.group("f2") or found.group("f3")
-    line = found.group("l1") or found.group("l2") or found.group("l3")
+    file = found.group("f1") or found.group("f2") or found.group("f3") or found.group("f4")
+    line = found.group("l1") or found.group("l2") or found.group("l3") or found.group("l4")
     frame = Frame(file, int(line), None, None, frame_kind(file))
     # "CUDA Error: out of memory at x.cpp:56" reads as type and message; the other forms are kept whole.
     text = msg[found.start("m1"):].strip() if found.group("m1") else msg[found.start():].strip()
@@ -165,7 +174,13 @@ def native_failure(
 
 def _other_native(msg: str) -> Optional[tuple[ExceptionRecord, str]]:
     """UCX errors, Ray's C++ core errors with a Status, a process-group watchdog that died of an error, NCCL's
-    WARN lines, device-side assertions."""
+    WARN lines, device-side assertions, CANN's error lines."""
+    if msg[:8] == "[ERROR] ":
+        cann = _CANN.match(msg)
+        if cann is not None:
+            frame = Frame(cann.group("src"), int(cann.group("line")), None, None, frame_kind(cann.group("src")))
+            return (ExceptionRecord(f"{cann.group('mod')} ERROR", cann.group("msg").strip(), (frame,)),
+                    "CANN error line")
     if "Assertion `" in msg:
         check = _DEVICE_ASSERT.search(msg, 0, 2000)
         if check is not None:
