@@ -20,6 +20,7 @@ from textual.widgets import Footer, Static
 from textual.worker import get_current_worker
 
 from eaglewatch.safetext import safe_text
+from eaglewatch.tui.app import gcpolicy
 from eaglewatch.tui.app.screens.dialogs import HostKeyScreen
 from eaglewatch.tui.app.screens.fleet import FleetScreen
 from eaglewatch.tui.app.screens.run import RunScreen
@@ -106,6 +107,9 @@ class DashboardApp(App):
         yield Footer()
 
     def on_mount(self) -> None:
+        # The collector's long pauses come when the dashboard chooses (gcpolicy): run screens settle as they open.
+        self.set_interval(gcpolicy.FREEZE_EVERY_S, gcpolicy.freeze_survivors)
+        self.set_interval(gcpolicy.SETTLE_EVERY_S, gcpolicy.settle)
         if self.preloaded is not None:
             self.push_screen(RunScreen(self.preloaded.snapshot().run, self.preloaded, follow=False))
             return

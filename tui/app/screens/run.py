@@ -15,6 +15,7 @@ from textual.worker import get_current_worker
 
 from eaglewatch import protocol as p
 from eaglewatch.safetext import safe_text
+from eaglewatch.tui.app import gcpolicy
 from eaglewatch.tui.app.feed import follow_run
 from eaglewatch.tui.app.screens.dialogs import ConfirmScreen, HelpScreen, RestartScreen, TracebackScreen
 from eaglewatch.tui.app.widgets.panels import (
@@ -97,6 +98,7 @@ class RunScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
+        gcpolicy.settle()  # the new run has nothing to show yet: the full collection's pause costs nothing here
         self._layout_for(self.size.width, self.size.height)
         self.set_interval(1 / REFRESH_HZ, self.refresh_view)
         self.refresh_view()
@@ -128,16 +130,22 @@ class RunScreen(Screen):
     # ------------------------------------------------------------------ drawing (UI thread, ≤ REFRESH_HZ)
 
     def refresh_view(self, log_too: bool = True) -> None:
-        """Redraw what changed. ``log_too=False`` (news: a failure) leaves the log's new lines to the next poll:
-        writing them is most of a redraw's work, and the frame that shows the failure waits for it."""
+        """Redraw what changed. ``log_too=False`` (news: a failure) redraws only the failure panel and the header:
+        the log's new lines and the other panels wait for the next poll, since the frame that shows the failure
+        costs what it has to paint, and the log and the statistics are most of that."""
         model = self.model
         version = model.version
         if version != self._seen_version:
-            self._seen_version = version
             view = model.snapshot()
             self.redraws += 1
-            for panel in (self.query_one(RunHeader), self.query_one(LoadPanel),
-                          self.query_one(ExtractionPanel), self.query_one(GpuPanel), self.query_one(FailurePanel)):
+            if log_too:
+                self._seen_version = version
+                panels: tuple = (self.query_one(RunHeader), self.query_one(LoadPanel),
+                                 self.query_one(ExtractionPanel), self.query_one(GpuPanel),
+                                 self.query_one(FailurePanel))
+            else:
+                panels = (self.query_one(FailurePanel),)
+            for panel in panels:
                 panel.show(view)
             self.query_one(LogPanel).lanes = view.lanes
             self._log_behind = True
