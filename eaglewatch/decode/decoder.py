@@ -54,6 +54,8 @@ _OUTER = re.compile(
     # syslog: "Mar 12 10:00:00 host python3[1234]: "
     r"|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d [\w.\-]+ [\w.\-/]+(?:\[\d+\])?: +"
     r"|[A-Za-z][\w.\-]*[-_]\d+ +\| "
+    # docker compose pads a service's name: "vllm-ascend  | " (two spaces at least: not a table's column)
+    r"|[A-Za-z][\w.\-]* {2,}\| "
     # a viewer's line numbers ("[80746] "), a timestamp without zone, a compose column: only before a lane
     # prefix or a level
     r"|(?:\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?\s+(?:>>\s*)?|[A-Za-z][\w.\-]*\s+\|\s|\[\d{1,9}\] +)"

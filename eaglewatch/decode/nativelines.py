@@ -83,6 +83,10 @@ _NATIVE = re.compile(
 _DEVICE_ASSERT = re.compile(
     r"(?P<file>[\w./\-]+\.cuh?):(?P<line>\d+): (?P<kernel>[^:\s][^:]*?): block: \[\d+,\d+,\d+\], "
     r"thread: \[\d+,\d+,\d+\] Assertion `(?P<check>[^`]*)` failed\.")
+# PyTorch's CUDA check (2.8 and later) ends its message with this line; when a paste lost the exception line
+# above it, it still names the error: "Search for `cudaErrorStreamCaptureUnsupported' in https://docs.nvidia.com/...".
+_TORCH_CUDA_HINT = re.compile(r"Search for `(?P<code>cudaError\w+)' in https://docs\.nvidia\.com/")
+TORCH_CUDA_ERROR = "torch.AcceleratorError"
 # CANN: "[ERROR] MODULE(pid,process):date [file.cc:line][tid][tags]...message".
 _CANN = re.compile(r"\[ERROR\] (?P<mod>[A-Z][A-Z_]{1,15})\(\d+,[^)]*\):\S+ \[(?P<src>[\w.]+):(?P<line>\d+)\]"
                    r"(?:\[[^\]]*\])*(?P<msg>.*)")
@@ -94,7 +98,8 @@ def maybe_native(msg: str) -> bool:
     lower = msg.lower()
     return ("uda error" in msg or "UDA Error" in msg or "cudaError error" in msg or "UDA error at" in msg or "blaslt error" in lower
             or "rocblas error" in lower or "UCX" in msg or ".cc:" in msg[:80] or " WARN " in msg
-            or "watchdog thread terminated" in msg or "Assertion `" in msg or msg[:8] == "[ERROR] ")
+            or "watchdog thread terminated" in msg or "Assertion `" in msg or msg[:8] == "[ERROR] "
+            or "Search for `cudaError" in msg)
 
 
 def maybe_watchdog(msg: str) -> bool:
@@ -174,7 +179,14 @@ def native_failure(
 
 def _other_native(msg: str) -> Optional[tuple[ExceptionRecord, str]]:
     """UCX errors, Ray's C++ core errors with a Status, a process-group watchdog that died of an error, NCCL's
-    WARN lines, device-side assertions, CANN's error lines."""
+    WARN lines, device-side assertions, CANN's error lines, PyTorch's CUDA-check line without its exception."""
+    if "Search for `cudaError" in msg:
+        hint = _TORCH_CUDA_HINT.search(msg, 0, 200)
+        if hint is not None:
+            code = hint.group("code")
+            return (ExceptionRecord(TORCH_CUDA_ERROR, f"CUDA error: {code} (the exception's first line is not in the "
+                                                      "log; this is PyTorch's line that closes its message)"),
+                    "PyTorch's CUDA error line, its exception line missing")
     if msg[:8] == "[ERROR] ":
         cann = _CANN.match(msg)
         if cann is not None:

@@ -89,6 +89,10 @@ _REPR_AT_START = re.compile(r"(?P<type>" + _EXC_NAME + r")\((?:(?P<q>['\"])(?P<m
 # '    "message": "RendezvousConnectionError: The connection to the C10d store has failed. ...",'.
 _JSON_MESSAGE = re.compile(r'\s*"message": "(?P<type>' + _EXC_NAME + r'): (?P<msg>(?:[^"\\]|\\.)*)"?,?\s*$')
 BASIS_JSON = "exception quoted in an error file's JSON"
+# Huawei CANN's error report, which torch_npu raises as a RuntimeError's message: "EH9999: Inner Error!" and the
+# reason on the indented lines under it. A paste often keeps the report without the exception line above it.
+_CANN_REPORT = re.compile(r"E[A-Z0-9]\d{4}: (?P<msg>\S.*)$")
+BASIS_CANN = "CANN error report (torch_npu raises it as a RuntimeError)"
 _LABEL_END = frozenset(":：】]>)*`'\" \t")
 _WORKER_METHOD = re.compile(r"Exception in worker \S+ while processing method \w+: (?P<msg>.*?),?$")
 # Rust's panic report (tokenizers, Dynamo's frontend, anything with a Rust core): the message on the same line
@@ -586,7 +590,9 @@ class TracebackAssembler:
             quoted = bare_exception(msg[lead:]) if lead <= 4 else None
             if quoted is not None and quoted[2] and quoted[1].strip() and quoted[3] == 0:
                 bare = quoted
-        json_quoted = False
+        json_quoted = cann = False
+        if bare is None and msg[:1] == "E" and msg[6:8] == ": " and _CANN_REPORT.match(msg):
+            bare, cann = ("RuntimeError", msg.strip(), True, 0), True
         if bare is None and '"message": "' in msg[:40]:
             found = _JSON_MESSAGE.match(msg)
             if found is not None:
@@ -612,7 +618,8 @@ class TracebackAssembler:
         self.state = _AFTER_EXC
         self.started_by = "exception"
         self.fragment = True
-        self.basis = BASIS_JSON if json_quoted else BASIS_FRAGMENT if self.prev_indented else BASIS_BARE
+        self.basis = (BASIS_JSON if json_quoted else BASIS_CANN if cann else BASIS_FRAGMENT if self.prev_indented
+                      else BASIS_BARE)
         self.provisional_due = True
         return True
 
