@@ -375,7 +375,7 @@ class Decoder:
                 self._native_lines(proc, name, msg, level, time, source, out)
             elif "LLM engine (v" in msg:
                 self._engine_facts(msg)
-            record = (level, time, source)
+            record: Optional[tuple[Optional[str], Optional[str], Optional[str]]] = (level, time, source)
             if record != proc.prev_record:
                 proc.run_first = msg
             proc.prev_msg = msg

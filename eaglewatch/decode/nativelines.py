@@ -96,8 +96,9 @@ _OP = re.compile(r"OpType=(?P<op>\w+)")
 
 def maybe_native(msg: str) -> bool:
     lower = msg.lower()
-    return ("uda error" in msg or "UDA Error" in msg or "cudaError error" in msg or "UDA error at" in msg or "blaslt error" in lower
-            or "rocblas error" in lower or "UCX" in msg or ".cc:" in msg[:80] or " WARN " in msg
+    return ("uda error" in msg or "UDA Error" in msg or "cudaError error" in msg or "UDA error at" in msg
+            or "blaslt error" in lower or "rocblas error" in lower or "UCX" in msg or ".cc:" in msg[:80]
+            or " WARN " in msg
             or "watchdog thread terminated" in msg or "Assertion `" in msg or msg[:8] == "[ERROR] "
             or "Search for `cudaError" in msg)
 

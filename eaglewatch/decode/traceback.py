@@ -77,8 +77,8 @@ _FILE = re.compile(r'\s*File "(?P<file>[^"]*)", line (?P<line>\d+|\?+)(?:,? in (
 _EXC = re.compile(r"(?P<type>[A-Za-z_][\w.]*(?:\([\w.]+\))?)(?:(?P<colon>:)(?: ?(?P<msg>.*))?)?$")
 # An exception line outside a traceback must name a class that looks like one.
 # A C++ class keeps its namespaces as printed: tensorrt_llm::common::TllmException.
-_EXC_NAME = (r"(?:[A-Za-z_]\w*(?:\.|::))*(?:_?[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Iteration|Failed|Failure|Timeout)"
-             r"|Exception|BaseException)"
+_EXC_NAME = (r"(?:[A-Za-z_]\w*(?:\.|::))*"
+             r"(?:_?[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Iteration|Failed|Failure|Timeout)|Exception|BaseException)"
              # any class of a module named for them: triton.runtime.errors.OutOfResources
              r"|(?:[a-z_]\w*\.)+(?:errors|exceptions)\.[A-Z]\w*")
 _BARE_AT_START = re.compile(r"(?P<type>" + _EXC_NAME + r"(?:\([\w.]+\))?)(?::(?: ?(?P<msg>.*))?$|$)")
@@ -592,6 +592,10 @@ class TracebackAssembler:
                 bare = quoted
         json_quoted = cann = False
         if bare is None and msg[:1] == "E" and msg[6:8] == ": " and _CANN_REPORT.match(msg):
+            bare, cann = ("RuntimeError", msg.strip(), True, 0), True
+        elif bare is None and "[FUNC:" in msg and "][FILE:" in msg and " failed" in msg:
+            # a line of the same report past its code line: "rtStreamSynchronize execute failed, reason=[vector
+            # core exception][FUNC:FuncErrorReason][FILE:error_message_manage.cc][LINE:53]"
             bare, cann = ("RuntimeError", msg.strip(), True, 0), True
         if bare is None and '"message": "' in msg[:40]:
             found = _JSON_MESSAGE.match(msg)

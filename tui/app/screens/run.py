@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Optional
 
 from textual import work
@@ -33,6 +34,9 @@ if TYPE_CHECKING:
 
 REFRESH_HZ = 15  # redraws per second at most; the feed never posts per line
 LIVE_LINES_PER_REDRAW = 200  # of a burst, the log panel shows the newest this many per redraw
+# The log's new lines are written at most this often: each write while the log grows asks for a layout pass, whose
+# frame repaints most of the screen, and a failure's frame waits behind it (BENCHMARKS.md, "Crash to paint").
+LOG_HZ = 5
 WIDE_MIN = (120, 36)  # columns, rows: side-by-side failures and per-process GPU rows from here up
 
 HELP_ROWS = [
@@ -77,6 +81,7 @@ class RunScreen(Screen):
         self.follow = follow
         self._seen_version = -1
         self._log_behind = False  # the view was redrawn without the log's new lines
+        self._log_written_at = 0.0  # time.monotonic() of the last write of new log lines
         self._alert_seq = 0
         self.redraws = 0
 
@@ -152,8 +157,9 @@ class RunScreen(Screen):
             if view.run and view.run != self.run_id:
                 self.run_id = view.run
             self.sub_title = safe_text(f"{view.host} · {view.run}")
-        if log_too and self._log_behind:
+        if log_too and self._log_behind and time.monotonic() - self._log_written_at >= 1 / LOG_HZ - 0.01:
             self._log_behind = False
+            self._log_written_at = time.monotonic()
             log = self.query_one(LogPanel)
             log.add_lines(model.log_since(log.last_seq, limit=LIVE_LINES_PER_REDRAW),
                           cap=LIVE_LINES_PER_REDRAW)

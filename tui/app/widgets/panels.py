@@ -19,6 +19,13 @@ _LEVEL_RANK = {"DEBUG": 0, "INFO": 1, None: 1, "WARNING": 2, "ERROR": 3, "CRITIC
 _FILTER_MIN = {"all": 0, "warnings": 2, "errors": 3}
 
 
+def _line_count(drawn: object) -> int:
+    if drawn is None:
+        return -1
+    plain = drawn.plain if isinstance(drawn, Text) else str(drawn)
+    return plain.count("\n")
+
+
 class ViewPanel(Static):
     """A panel drawn from the latest RunView; redrawn on a new view or a new size."""
 
@@ -44,8 +51,11 @@ class ViewPanel(Static):
         # screen out again, which on a busy machine delays the frame that shows what did change (a failure).
         if drawn == self._drawn:
             return
+        # Same number of lines, same size: a repaint of this panel will do, without laying the screen out again
+        # (after a layout pass Textual repaints far more than the panel).
+        same_height = _line_count(drawn) == _line_count(self._drawn)
         self._drawn = drawn
-        self.update(drawn)
+        self.update(drawn, layout=not same_height)
 
     def draw(self, view: RunView, width: int):  # pragma: no cover - abstract
         raise NotImplementedError
