@@ -31,8 +31,8 @@ def test_frozen_cycles_wait_for_the_next_settle_and_are_freed_then() -> None:
     try:
         survivor = _Node()
         alive = weakref.ref(survivor)
-        before = gcpolicy.freeze_survivors()
-        assert before == gc.get_freeze_count() > 0
+        frozen = gcpolicy.freeze_survivors()
+        assert frozen > 0  # (the count can drop at once: frozen objects are still freed by reference counting)
         del survivor
         gc.collect()  # the frozen cycle is out of the collector's reach
         assert alive() is not None
