@@ -135,9 +135,9 @@ class RunScreen(Screen):
     # ------------------------------------------------------------------ drawing (UI thread, ≤ REFRESH_HZ)
 
     def refresh_view(self, log_too: bool = True) -> None:
-        """Redraw what changed. ``log_too=False`` (news: a failure) redraws only the failure panel and the header:
-        the log's new lines and the other panels wait for the next poll, since the frame that shows the failure
-        costs what it has to paint, and the log and the statistics are most of that."""
+        """Redraw what changed. ``log_too=False`` (news: a failure) redraws only the failure panel: the log's new
+        lines and the other panels wait for the next poll, since the frame that shows the failure costs what it has
+        to paint, and the log and the statistics are most of that."""
         model = self.model
         version = model.version
         if version != self._seen_version:

@@ -19,11 +19,9 @@ _LEVEL_RANK = {"DEBUG": 0, "INFO": 1, None: 1, "WARNING": 2, "ERROR": 3, "CRITIC
 _FILTER_MIN = {"all": 0, "warnings": 2, "errors": 3}
 
 
-def _line_count(drawn: object) -> int:
-    if drawn is None:
-        return -1
-    plain = drawn.plain if isinstance(drawn, Text) else str(drawn)
-    return plain.count("\n")
+def _line_count(drawn: object) -> Optional[int]:
+    """Lines of a drawn Text (the panels do not wrap); None for anything else, whose height is not known here."""
+    return drawn.plain.count("\n") if isinstance(drawn, Text) else None
 
 
 class ViewPanel(Static):
@@ -53,7 +51,8 @@ class ViewPanel(Static):
             return
         # Same number of lines, same size: a repaint of this panel will do, without laying the screen out again
         # (after a layout pass Textual repaints far more than the panel).
-        same_height = _line_count(drawn) == _line_count(self._drawn)
+        lines = _line_count(drawn)
+        same_height = lines is not None and lines == _line_count(self._drawn)
         self._drawn = drawn
         self.update(drawn, layout=not same_height)
 
