@@ -7,7 +7,7 @@ import io
 import pytest
 
 from eaglewatch.decode.bars import parse_bar, parse_interval, parse_number
-from eaglewatch.decode.decoder import decode_bytes
+from eaglewatch.decode.decoder import Decoder, decode_bytes
 from eaglewatch.decode.events import BarUpdate
 
 
@@ -122,7 +122,28 @@ def test_real_tqdm_stream_keeps_only_the_last_state_and_adds_no_lines() -> None:
     assert data.count(b"\r") > 10
     events, state = decode_bytes(data)
     bars = [e for e in events if isinstance(e, BarUpdate)]
-    assert len(bars) == data.count(b"\r")
+    # Read in one go, a rewrite that the next one replaces at once is skipped; the 100 % one is kept.
+    assert [b.n for b in bars] == [40, 40]
     (only,) = state.bars_list()
     assert (only.desc, only.last.n, only.last.total, only.last.done) == ("Writing hidden states", 40, 40, True)
     assert sum(lane.lines for lane in state.lanes_list()) == 0
+
+    # Arriving as tqdm writes them, each rewrite is news when it comes, and every one is read.
+    decoder = Decoder()
+    live = []
+    for piece in data.split(b"\r")[1:]:
+        live += [e for e in decoder.feed(b"\r" + piece) if isinstance(e, BarUpdate)]
+    live += [e for e in decoder.finish() if isinstance(e, BarUpdate)]
+    assert [b.n for b in live] == [b.n for b in (bar(t) for t in data.decode().split("\r")[1:])]
+
+
+def test_rewrites_of_one_bar_in_one_chunk_collapse_but_other_bars_and_lines_do_not() -> None:
+    data = (b"\rLoading: 10%|#| 1/10 [00:01<00:09, 1.00it/s]\rLoading: 20%|##| 2/10 [00:02<00:08, 1.00it/s]"
+            b"\rSaving: 50%|#####| 1/2 [00:01<00:01, 1.00it/s]\rSaving: 100%|##########| 2/2 [00:02<00:00, 1.00it/s]"
+            b"\rSaving: 0%| | 0/2 [00:00<?, ?it/s]\rRuntimeError: boom [x]\rLoading: 30%|###| 3/10 [00:03<00:07, 1.00it/s]\n")
+    events, state = decode_bytes(data)
+    bars = [(e.desc, e.n) for e in events if isinstance(e, BarUpdate)]
+    # Loading at 1 and Saving at 1 are rewritten at once by the same bar: skipped. Saving at 100 % stays although
+    # Saving at 0 follows; Saving at 0 stays, the next segment is not a bar.
+    assert bars == [("Loading", 2), ("Saving", 2), ("Saving", 0), ("Loading", 3)]
+    assert state.failures_ranked()[0].exc_type == "RuntimeError"

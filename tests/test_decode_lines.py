@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from eaglewatch.decode.lines import LineSplitter, strip_ansi
+from eaglewatch.decode.lines import LineSplitter, decode_segment, strip_ansi
 
 
 def segments(chunks: list[bytes], max_segment: int = 1 << 20) -> list[tuple[str, bool]]:
@@ -73,3 +75,33 @@ def test_finish_returns_the_unterminated_last_line_once() -> None:
     splitter.feed(b"last words")
     assert splitter.finish() == [("last words", True)]
     assert splitter.finish() == []
+
+
+def _segment_by_segment(data: bytes) -> list[tuple[str, bool]]:
+    """The splitter's contract written out plainly: split the bytes, then decode and clean each segment."""
+    out: list[tuple[str, bool]] = []
+    lines = data.split(b"\n")
+    tail = lines.pop()
+    for raw in lines:
+        parts = raw.split(b"\r")
+        out += [(decode_segment(part), False) for part in parts[:-1]] + [(decode_segment(parts[-1]), True)]
+    parts = tail.split(b"\r")
+    out += [(decode_segment(part), False) for part in parts[:-1]]
+    return out + ([(decode_segment(parts[-1]), True)] if parts[-1] else [])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([b"\n", b"\r", b"\r\n", b"ok ", b"\xe2\x82\xac", b"\xe2\x82", b"\xff", b"\x1b[31m",
+                                 b"\x1b]0;t\x07", b"\x1b", b"Processed: 10%|#| 1/9 [00:01<00:08, 1.0it/s]"]),
+                max_size=40),
+       st.lists(st.integers(0, 400), max_size=8))
+def test_any_chunking_gives_what_segment_by_segment_decoding_gives(pieces: list[bytes], cuts: list[int]) -> None:
+    data = b"".join(pieces)
+    splitter = LineSplitter()
+    got: list[tuple[str, bool]] = []
+    start = 0
+    for cut in sorted({c for c in cuts if c <= len(data)}) + [len(data)]:
+        got += splitter.feed(data[start:cut])
+        start = cut
+    got += splitter.finish()
+    assert got == _segment_by_segment(data)

@@ -6,14 +6,15 @@ the same exception type (dotted, as printed) and a message that contains ``messa
 Failures that are not Python exceptions are named in ``cases.json`` by a short kind; this is how they map to
 what the decoder reports (``docs/decode.md``, "Failure kinds"):
 
-=========================  ==========================================================================
-``NCCL watchdog timeout``  ``kind == "watchdog"`` (a ``[E ProcessGroupNCCL.cpp]`` watchdog line, or a C++
-                           abort whose ``what()`` is the watchdog's collective timeout)
-``CUDA Error``             ``kind == "native"`` and ``exc_type == "CUDA Error"`` (a C++ CUDA check)
-``Killed``                 ``signal == "SIGKILL"`` (a death notice, the OOM killer, a memory monitor)
-``Segmentation fault``     ``signal == "SIGSEGV"`` (a faulthandler dump, a fatal-signal banner, a death)
-``C++ abort``              ``kind == "abort"`` (``terminate called after throwing ...``)
-=========================  ==========================================================================
+==============================  ==========================================================================
+``NCCL watchdog timeout``       ``kind == "watchdog"`` (a ``[E ProcessGroupNCCL.cpp]`` watchdog line, or a C++
+                                abort whose ``what()`` is the watchdog's collective timeout)
+``CUDA Error``                  ``kind == "native"`` and ``exc_type == "CUDA Error"`` (a C++ CUDA check)
+``Killed``                      ``signal == "SIGKILL"`` (a death notice, the OOM killer, a memory monitor)
+``Segmentation fault``          ``signal == "SIGSEGV"`` (a faulthandler dump, a fatal-signal banner, a death)
+``Floating point exception``    ``signal == "SIGFPE"`` (the same, for an arithmetic fault)
+``C++ abort``                   ``kind == "abort"`` (``terminate called after throwing ...``)
+==============================  ==========================================================================
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ KINDS: dict[str, Callable[[FailureGroup], bool]] = {
     "CUDA Error": lambda g: g.first.kind == "native" and g.exc_type == "CUDA Error",
     "Killed": lambda g: g.first.signal == "SIGKILL",
     "Segmentation fault": lambda g: g.first.signal == "SIGSEGV",
+    "Floating point exception": lambda g: g.first.signal == "SIGFPE",
     "C++ abort": lambda g: g.first.kind == "abort",
 }
 

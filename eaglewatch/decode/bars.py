@@ -119,6 +119,22 @@ def parse_bar(text: str, lane: str) -> Optional[tuple[BarUpdate, int]]:
     return bar, found.end()
 
 
+def rewritten_at_once(text: str, after: str) -> bool:
+    """Whether the ``\\r``-ended bar ``text`` is rewritten by ``after``, the next segment of the same chunk.
+
+    tqdm rewrites a bar many times a second, and a log holds every rewrite on one physical line. A rewrite
+    that the same bar (same lane prefix, same description) replaces in the same chunk reaches the decoder
+    at the same moment as its replacement, so it says nothing the replacement does not: a terminal would
+    never show it. A bar at 100 % is kept (it ends a pass, and the next bar of that name starts another).
+    """
+    pct = text.find("%|")
+    if pct < 3 or "%|" not in after:
+        return False
+    desc = text.rfind(": ", 0, pct)
+    return (desc > 0 and text[pct - 3:pct] != "100" and after.startswith(text[:desc + 2])
+            and text.rstrip()[-1:] == "]" and "rror" not in text[:desc])  # nothing printed after the bar
+
+
 _UNITS: dict[str, Optional[str]] = {}
 
 

@@ -30,8 +30,9 @@ import re
 import time as _time
 from typing import Callable, Optional
 
-from eaglewatch.decode.bars import parse_bar
+from eaglewatch.decode.bars import parse_bar, rewritten_at_once
 from eaglewatch.decode.deaths import maybe_death, parse_death
+from eaglewatch.decode.escaped import escaped_lines
 from eaglewatch.decode.events import Event, LineEvent, ProvisionalFailure
 from eaglewatch.decode.header import LEVELS, VLLM_HEADER, parse_header
 from eaglewatch.decode.lanes import MAIN, LaneId, PrefixParser, lane_from_prefix, split_prefix
@@ -232,8 +233,11 @@ class Decoder:
 
     def _run(self, segments: list[tuple[str, bool]], out: list[Event], now: float) -> None:
         segment = self._segment
-        for text, ends_line in segments:
+        last = len(segments) - 1
+        for index, (text, ends_line) in enumerate(segments):
             if text:
+                if not ends_line and index < last and "%|" in text and rewritten_at_once(text, segments[index + 1][0]):
+                    continue
                 segment(text, out, now)
             if ends_line:
                 self._line_ctx = None
@@ -381,6 +385,19 @@ class Decoder:
             proc.prev_msg = msg
             proc.prev_record = record
             return
+        if "\\n" in msg and level is not None:
+            pieces = escaped_lines(msg)
+            if pieces is not None:
+                # One record holding a whole report as an escaped string: read it as the lines it stands for.
+                for piece in pieces:
+                    self._read(proc, name, level, time, source, piece, out)
+                return
+        self._read(proc, name, level, time, source, msg, out)
+
+    def _read(self, proc: _Proc, name: str, level: Optional[str], time: Optional[str], source: Optional[str],
+              msg: str, out: list[Event]) -> None:
+        """What one line that is not a plain INFO line says of failures and of the run."""
+        asm = proc.asm
         if msg and (msg[0] in _CLEAN_FIRST or msg[-1] in _CLEAN_LAST):
             msg = clean_message(msg)
         consumed = False
@@ -409,7 +426,7 @@ class Decoder:
                         self._join_orphan_header(proc, asm)
 
         if not consumed and msg and ("rror" in msg or "atchdog" in msg or " WARN " in msg or "UCX" in msg
-                                     or "Assertion `" in msg or msg[:8] == "[ERROR] "):
+                                     or "Assertion `" in msg or msg[:8] == "[ERROR] " or " marked dead" in msg):
             self._native_lines(proc, name, msg, level, time, source, out)
         if level not in _QUIET_LEVELS:
             if not consumed and maybe_death(msg):

@@ -18,6 +18,8 @@
 * Huawei CANN's own error lines (Ascend NPUs: HCCL, the runtime, the graph engine): ``[ERROR]
   HCCL(36035,mindie_llm_backend_connector):2025-05-13-02:25:58.068.817 [op_base.cc:974][36818][Init]...
   HcclCommInitRootInfo failed.``: kind ``native``, type ``HCCL ERROR`` (the module's name and the level).
+* Ray's notice that a node was marked dead (``The node with node id: ... has been marked dead because the detector
+  has missed too many heartbeats from it``): kind ``native``, type ``Ray node died``.
 * ``rocblaslt error: Could not load .../TensileLibrary_lazy_gfx942.dat`` (ROCm's BLAS libraries): kind ``native``,
   type ``rocblaslt error`` as printed.
 
@@ -65,6 +67,11 @@ _RAY_CPP = re.compile(
     r"\[\d{4}-\d\d-\d\d [\d:,.]+ (?P<lvl>[EF]) \d+ \d+\] (?P<src>[\w.]+\.cc):(?P<line>\d+): (?P<msg>.*)")
 _RAY_STATUS = re.compile(r"\b(?P<status>IOError|Invalid|NotFound|TimedOut|OutOfMemory|ObjectStoreFull|OutOfDisk"
                          r"|RpcError|NotImplemented|UnknownError): (?P<msg>\S.*)")
+# Ray's GCS gives up on a node (its raylet crashed, was killed or lost the network): every actor on it is gone.
+# "The node with node id: 0f21... and address: 10.0.0.51 and node name: 10.0.0.51 has been marked dead because
+# the detector has missed too many heartbeats from it."
+_RAY_NODE_DEAD = re.compile(r"The node with node id: (?P<node>\w+).*? has been marked dead because (?P<why>[^.]*)")
+RAY_NODE_DIED = "Ray node died"
 # A process-group watchdog that died of an error (not a timeout), printed without the C++ abort around it:
 # "[PG ID 2 PG GUID 3 Rank 2] Process group watchdog thread terminated with exception: CUDA error: ...".
 _WATCHDOG_DIED = re.compile(r"Process group watchdog thread terminated with exception: (?P<msg>\S.*)")
@@ -100,7 +107,7 @@ def maybe_native(msg: str) -> bool:
             or "blaslt error" in lower or "rocblas error" in lower or "UCX" in msg or ".cc:" in msg[:80]
             or " WARN " in msg
             or "watchdog thread terminated" in msg or "Assertion `" in msg or msg[:8] == "[ERROR] "
-            or "Search for `cudaError" in msg)
+            or "Search for `cudaError" in msg or "marked dead because" in msg)
 
 
 def maybe_watchdog(msg: str) -> bool:
@@ -221,6 +228,10 @@ def _other_native(msg: str) -> Optional[tuple[ExceptionRecord, str]]:
                         "Ray core error line")
             if ray.group("lvl") == "F":
                 return ExceptionRecord("Ray fatal error", ray.group("msg").strip(), (frame,)), "Ray core fatal line"
+    if "marked dead because" in msg:
+        node = _RAY_NODE_DEAD.search(msg, 0, 600)
+        if node is not None:
+            return ExceptionRecord(RAY_NODE_DIED, msg[node.start():].strip()), "Ray node marked dead"
     if "watchdog thread terminated" in msg:
         died = _WATCHDOG_DIED.search(msg)
         if died is not None:

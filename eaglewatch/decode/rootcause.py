@@ -49,7 +49,13 @@ from eaglewatch.decode.exclass import class_from_message
 from eaglewatch.decode.hints import Hint, classify
 from eaglewatch.decode.lanes import KIND_WORKER, MAIN_LANE, compress_names
 from eaglewatch.decode.nativelines import watchdog_key
-from eaglewatch.decode.traceback import BASIS_BANNER, BASIS_FAULTHANDLER, WATCHDOG_TIMEOUT, is_watchdog_message
+from eaglewatch.decode.traceback import (
+    BASIS_BANNER,
+    BASIS_FAULTHANDLER,
+    WATCHDOG_TIMEOUT,
+    bare_exception,
+    is_watchdog_message,
+)
 
 TIER_ORIGINAL = 0
 TIER_SECONDARY = 1
@@ -73,7 +79,10 @@ _PROPAGATED = re.compile(
     r"|RPC call to \w+ timed out",
     re.I,
 )
-_PROPAGATED_TYPES = frozenset({"ChildFailedError", "RayTaskError", "RayActorError"})
+_PROPAGATED_TYPES = frozenset({"ChildFailedError", "RayTaskError", "RayActorError", "ProcessRaisedException"})
+# torch.multiprocessing.spawn's parent re-raises a child's failure with the child's traceback as its message:
+# "ProcessRaisedException: \n\n-- Process 1 terminated with the following error:\nTraceback ...\nAssertionError".
+_SPAWN_CHILD = "terminated with the following error:"
 _SECONDARY_TYPES = frozenset(
     {"KeyboardInterrupt", "SystemExit", "BrokenPipeError", "ConnectionResetError", "ConnectionAbortedError",
      "EOFError", "CancelledError", "ContextTerminated", "GeneratorExit", "ThreadDump", "ActorDiedError",
@@ -324,6 +333,17 @@ def _same_failure(frameless: FailureGroup, framed: FailureGroup) -> bool:
     return len(a) >= _MIN_QUOTE and len(b) >= _MIN_QUOTE and (a.startswith(b) or b.startswith(a))
 
 
+def _logged_before(frameless: FailureGroup, framed: FailureGroup) -> bool:
+    """``logger.exception(repr(e))``: the repr of the exception a handler caught, and the traceback the record
+    goes on to print, whose last exception is the one that was caught or its cause. The traceback names the
+    line as the message it was logged with."""
+    context = framed.first.context
+    # Only a traceback that reached its exception line says more than the repr does.
+    return (context is not None and framed.first.complete and context == frameless.first.text.strip()
+            and 0 < framed.line_no - frameless.line_no <= 2
+            and bool(set(frameless.process_keys) & set(framed.process_keys)))
+
+
 def _fold(base: FailureGroup, group: FailureGroup) -> FailureGroup:
     return dataclasses.replace(
         base, count=base.count + group.count,
@@ -363,7 +383,7 @@ def _merge_copies(groups: list[FailureGroup]) -> list[FailureGroup]:
         if first.kind != KIND_TRACEBACK or group.innermost is not None or not first.complete:
             out.append(group)
             continue
-        target = next((g for g in framed if _same_failure(group, g)), None)
+        target = next((g for g in framed if _same_failure(group, g) or _logged_before(group, g)), None)
         if target is None:
             out.append(group)
             continue
@@ -372,6 +392,11 @@ def _merge_copies(groups: list[FailureGroup]) -> list[FailureGroup]:
 
 
 def _quoted_record(message: str) -> Optional[ExceptionRecord]:
+    if _SPAWN_CHILD in message:
+        for line in reversed(message.split(_SPAWN_CHILD, 1)[1].splitlines()):
+            child = bare_exception(line.strip())
+            if child is not None and child[3] == 0:
+                return ExceptionRecord(child[0], child[1])
     found = _QUOTED.search(message)
     if found is not None:
         return ExceptionRecord(found.group("type"), found.group("msg").strip())
@@ -392,7 +417,7 @@ def _quoted_failures(group: FailureGroup) -> list[tuple[Failure, str]]:
     wrapper = group.root.short_type or group.exc_type
     for exc in first.exceptions:
         message = exc.message
-        record = _quoted_record(message) if ("'" in message or '"' in message) else None
+        record = _quoted_record(message) if ("'" in message or '"' in message or _SPAWN_CHILD in message) else None
         if record is not None:
             event = TracebackEvent(
                 lane=first.lane, kind=KIND_TRACEBACK, exceptions=(record,), line_no=first.line_no,
@@ -517,15 +542,23 @@ def rank(
             if watchdog:
                 later_rank[id(group)] = 1  # the timeout of a collective some rank stopped taking part in
     # A fatal-signal banner (abseil's, Ray's "*** SIGSEGV received ***") and faulthandler's dump of the same signal
-    # report one crash; the dump holds the Python stack where it happened, so it comes first.
+    # report one crash. The dump comes first when it holds the Python stack where it happened; a dump cut to its
+    # first line says less than the banner, whose "PC: @ ..." names the native function.
     def fatal(group: FailureGroup, basis: str) -> Optional[str]:
         first = group.first
         return getattr(first, "signal", None) if first.kind == KIND_FATAL and getattr(first, "basis", None) == basis \
             else None
 
-    dumped = {fatal(g, BASIS_FAULTHANDLER) for g in ordered if g.tier == TIER_ORIGINAL} - {None}
+    dumps = [g for g in ordered if g.tier == TIER_ORIGINAL and fatal(g, BASIS_FAULTHANDLER) is not None]
+    with_stack = {fatal(g, BASIS_FAULTHANDLER) for g in dumps if g.first.innermost is not None}
+    banners = {fatal(g, BASIS_BANNER) for g in ordered if g.tier == TIER_ORIGINAL} - {None}
     for group in ordered:
-        if fatal(group, BASIS_BANNER) in dumped:
+        signal = fatal(group, BASIS_BANNER)
+        if signal is not None and signal in with_stack:
+            later_rank[id(group)] = 1
+    for group in dumps:
+        signal = fatal(group, BASIS_FAULTHANDLER)
+        if signal in banners and signal not in with_stack:
             later_rank[id(group)] = 1
     originals = [g for g in ordered if g.tier == TIER_ORIGINAL and g.first.kind != KIND_DEATH]
     explained: set[str] = set()

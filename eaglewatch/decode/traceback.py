@@ -28,6 +28,7 @@ is set and :meth:`TracebackAssembler.snapshot` gives the failure as read so far,
 
 from __future__ import annotations
 
+import builtins
 import re
 import textwrap
 from typing import Optional
@@ -82,7 +83,17 @@ _EXC_NAME = (r"(?:[A-Za-z_]\w*(?:\.|::))*"
              # any class of a module named for them: triton.runtime.errors.OutOfResources
              r"|(?:[a-z_]\w*\.)+(?:errors|exceptions)\.[A-Z]\w*")
 _BARE_AT_START = re.compile(r"(?P<type>" + _EXC_NAME + r"(?:\([\w.]+\))?)(?::(?: ?(?P<msg>.*))?$|$)")
-_BARE_INSIDE = re.compile(r"(?<![\w.])(?<!::)(?P<type>" + _EXC_NAME + r"(?:\([\w.]+\))?): ")
+_BARE_INSIDE = re.compile(r"(?<![A-Za-z0-9_.])(?<!::)(?P<type>" + _EXC_NAME + r"(?:\([\w.]+\))?): ")
+# A class whose name says nothing of errors (pyarrow.lib.PlasmaStoreFull, torch._dynamo.exc.Unsupported): only at
+# the start of a line, with a message, after at least two lowercase module names.
+_DOTTED_AT_START = re.compile(r"(?P<type>(?:[a-z_][a-z0-9_]*\.){2,}_?[A-Z][A-Za-z0-9]*): (?P<msg>\S.*)$")
+# The first line of a log that begins mid-line: "ecursionError: maximum recursion depth exceeded".
+_CUT_CLASS = re.compile(r"(?P<tail>[a-z]\w*(?:Error|Exception|Interrupt|Exit)): (?P<msg>\S.*)$")
+_BUILTIN_FAILURES = tuple(sorted(
+    name for name, value in vars(builtins).items()
+    if isinstance(value, type) and issubclass(value, BaseException) and not issubclass(value, Warning)
+))
+BASIS_CUT_CLASS = "from a fragment (the class name's first letters cut off)"
 # The exception's repr, as ``logger.error(repr(e))`` prints it: ``AssertionError()``, ``ValueError('bad value')``.
 _REPR_AT_START = re.compile(r"(?P<type>" + _EXC_NAME + r")\((?:(?P<q>['\"])(?P<msg>.*)(?P=q))?\)\s*$")
 # torchelastic's error file, dumped into the log by its error handler: the exception is a JSON string,
@@ -93,6 +104,8 @@ BASIS_JSON = "exception quoted in an error file's JSON"
 # reason on the indented lines under it. A paste often keeps the report without the exception line above it.
 _CANN_REPORT = re.compile(r"E[A-Z0-9]\d{4}: (?P<msg>\S.*)$")
 BASIS_CANN = "CANN error report (torch_npu raises it as a RuntimeError)"
+# A line of that report with its [FUNC:][FILE:] tail that says what failed (not a warning's, not context info).
+_CANN_TAIL_FAILURE = re.compile(r"^(?!.*\bWARN).*(?: failed\b| timeout occurred|error from device)")
 _LABEL_END = frozenset(":：】]>)*`'\" \t")
 _WORKER_METHOD = re.compile(r"Exception in worker \S+ while processing method \w+: (?P<msg>.*?),?$")
 # Rust's panic report (tokenizers, Dynamo's frontend, anything with a Rust core): the message on the same line
@@ -187,6 +200,7 @@ def may_start(msg: str, level: Optional[str]) -> bool:
         or " encountered !" in msg
         or "*** SIG" in msg
         or "Caught signal" in msg
+        or (msg[:1].islower() and "." in msg[:60] and ": " in msg)  # pyarrow.lib.PlasmaStoreFull: ...
     )
 
 
@@ -222,12 +236,29 @@ def bare_exception(text: str) -> Optional[tuple[str, str, bool, int]]:
         # A repr is a whole exception on one line: nothing follows on the lines below.
         return found.group("type"), found.group("msg") or "", True, 0
     inside = _BARE_INSIDE.search(text, 1, 120)
-    if inside is None or inside.start() > 60 or text[inside.start() - 1] not in _LABEL_END:
+    # After a label's punctuation, or glued to a word of another script ("报错ZeroDivisionError: ...").
+    if inside is None or inside.start() > 60 or (text[inside.start() - 1] not in _LABEL_END
+                                                 and text[inside.start() - 1] < "\u0370"):
+        if text[0].islower() and "." in text[:60]:
+            found = _DOTTED_AT_START.match(text)
+            if found is not None:
+                return found.group("type"), found.group("msg"), True, 0
         return None
     start = inside.start()
     if '"' in text[:start] or "File " in text[:start]:
         return None
     return inside.group("type"), text[inside.end():], True, start
+
+
+def cut_class_exception(text: str) -> Optional[tuple[str, str]]:
+    """``"ecursionError: ..."`` -> ``("RecursionError", "...")``: the first line of a log that begins inside a line,
+    when what is left of the class name ends exactly one of Python's built-in exception names."""
+    found = _CUT_CLASS.match(text)
+    if found is None:
+        return None
+    tail = found.group("tail")
+    names = [name for name in _BUILTIN_FAILURES if name.endswith(tail) and len(name) > len(tail)]
+    return (names[0], found.group("msg")) if len(names) == 1 else None
 
 
 def _frame_from(found: re.Match[str]) -> Frame:
@@ -590,10 +621,15 @@ class TracebackAssembler:
             quoted = bare_exception(msg[lead:]) if lead <= 4 else None
             if quoted is not None and quoted[2] and quoted[1].strip() and quoted[3] == 0:
                 bare = quoted
-        json_quoted = cann = False
+        json_quoted = cann = cut_class = False
+        if bare is None and msg[:1].islower() and (line_no == 0 or (line_no <= 2 and not (prev_msg or "").strip())):
+            # The log's first line (under a code fence, perhaps): a paste or a tail that began mid-line.
+            repaired = cut_class_exception(msg)
+            if repaired is not None:
+                bare, cut_class = (repaired[0], repaired[1], True, 0), True
         if bare is None and msg[:1] == "E" and msg[6:8] == ": " and _CANN_REPORT.match(msg):
             bare, cann = ("RuntimeError", msg.strip(), True, 0), True
-        elif bare is None and "[FUNC:" in msg and "][FILE:" in msg and " failed" in msg:
+        elif bare is None and "[FUNC:" in msg and "][FILE:" in msg and _CANN_TAIL_FAILURE.search(msg) is not None:
             # a line of the same report past its code line: "rtStreamSynchronize execute failed, reason=[vector
             # core exception][FUNC:FuncErrorReason][FILE:error_message_manage.cc][LINE:53]"
             bare, cann = ("RuntimeError", msg.strip(), True, 0), True
@@ -622,8 +658,8 @@ class TracebackAssembler:
         self.state = _AFTER_EXC
         self.started_by = "exception"
         self.fragment = True
-        self.basis = (BASIS_JSON if json_quoted else BASIS_CANN if cann else BASIS_FRAGMENT if self.prev_indented
-                      else BASIS_BARE)
+        self.basis = (BASIS_JSON if json_quoted else BASIS_CANN if cann else BASIS_CUT_CLASS if cut_class
+                      else BASIS_FRAGMENT if self.prev_indented else BASIS_BARE)
         self.provisional_due = True
         return True
 
