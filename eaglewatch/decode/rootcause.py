@@ -115,8 +115,23 @@ _TORCHRUN_FIELD = re.compile(r"^\s*(?P<key>rank|exitcode|traceback|host|time)\s*
 _SIGNAL_IN_TEXT = re.compile(r"Signal (?P<num>\d+) \((?P<name>SIG[A-Z]+)\)")
 
 
+# Wordings that only one class prints: another class whose message is exactly such a str(e) re-raises it
+# ("RuntimeError: No module named 'vllm_ascend.distributed'"), and the quoted class is the original.
+_ONE_CLASS_WORDING = re.compile(r"(?P<mod>No module named ')|(?P<attr>'[\w.]+' object has no attribute ')")
+
+
+def _reworded_class(exc: ExceptionRecord) -> Optional[str]:
+    found = _ONE_CLASS_WORDING.match(exc.message)
+    if found is None:
+        return None
+    name = "ModuleNotFoundError" if found.group("mod") else "AttributeError"
+    return None if exc.short_type in (name, "ImportError") else name
+
+
 def exception_tier(exc: ExceptionRecord) -> int:
     text = f"{exc.exc_type}: {exc.message}"
+    if _reworded_class(exc) is not None:
+        return TIER_PROPAGATED
     if exc.short_type in _TOPLEVEL_TYPES or _TOPLEVEL.search(text):
         return TIER_TOPLEVEL
     if _PROPAGATED.search(text) or exc.short_type.split("(")[0] in _PROPAGATED_TYPES:
@@ -391,7 +406,10 @@ def _merge_copies(groups: list[FailureGroup]) -> list[FailureGroup]:
     return [merged.get(id(g), g) for g in out]
 
 
-def _quoted_record(message: str) -> Optional[ExceptionRecord]:
+def _quoted_record(message: str, exc: Optional[ExceptionRecord] = None) -> Optional[ExceptionRecord]:
+    reworded = _reworded_class(exc) if exc is not None else None
+    if reworded is not None:
+        return ExceptionRecord(reworded, message)
     if _SPAWN_CHILD in message:
         for line in reversed(message.split(_SPAWN_CHILD, 1)[1].splitlines()):
             child = bare_exception(line.strip())
@@ -417,7 +435,7 @@ def _quoted_failures(group: FailureGroup) -> list[tuple[Failure, str]]:
     wrapper = group.root.short_type or group.exc_type
     for exc in first.exceptions:
         message = exc.message
-        record = _quoted_record(message) if ("'" in message or '"' in message or _SPAWN_CHILD in message) else None
+        record = _quoted_record(message, exc) if ("'" in message or '"' in message or _SPAWN_CHILD in message) else None
         if record is not None:
             event = TracebackEvent(
                 lane=first.lane, kind=KIND_TRACEBACK, exceptions=(record,), line_no=first.line_no,

@@ -629,6 +629,11 @@ class TracebackAssembler:
                 bare, cut_class = (repaired[0], repaired[1], True, 0), True
         if bare is None and msg[:1] == "E" and msg[6:8] == ": " and _CANN_REPORT.match(msg):
             bare, cann = ("RuntimeError", msg.strip(), True, 0), True
+            first = self.run_first
+            if (first is not None and first.startswith("[Error]: ") and prev_record is not None
+                    and prev_record == (level, time, source)):
+                # torch_npu's own description opens the same message, a line or two above the code line.
+                bare = ("RuntimeError", f"{first.strip()}\n{msg.strip()}", True, 0)
         elif bare is None and "[FUNC:" in msg and "][FILE:" in msg and _CANN_TAIL_FAILURE.search(msg) is not None:
             # a line of the same report past its code line: "rtStreamSynchronize execute failed, reason=[vector
             # core exception][FUNC:FuncErrorReason][FILE:error_message_manage.cc][LINE:53]"
