@@ -426,7 +426,8 @@ class Decoder:
                         self._join_orphan_header(proc, asm)
 
         if not consumed and msg and ("rror" in msg or "atchdog" in msg or " WARN " in msg or "UCX" in msg
-                                     or "Assertion `" in msg or msg[:8] == "[ERROR] " or " marked dead" in msg):
+                                     or "Assertion `" in msg or msg[:8] == "[ERROR] " or " marked dead" in msg
+                                     or "UDA failure " in msg):
             self._native_lines(proc, name, msg, level, time, source, out)
         if level not in _QUIET_LEVELS:
             if not consumed and maybe_death(msg):

@@ -18,6 +18,8 @@
 * Huawei CANN's own error lines (Ascend NPUs: HCCL, the runtime, the graph engine): ``[ERROR]
   HCCL(36035,mindie_llm_backend_connector):2025-05-13-02:25:58.068.817 [op_base.cc:974][36818][Init]...
   HcclCommInitRootInfo failed.``: kind ``native``, type ``HCCL ERROR`` (the module's name and the level).
+* onnxruntime's CUDA check (``CUDA failure 35: CUDA driver version is insufficient ... ; file=... ; line=236``):
+  kind ``native``, type ``CUDA Error``.
 * Ray's notice that a node was marked dead (``The node with node id: ... has been marked dead because the detector
   has missed too many heartbeats from it``): kind ``native``, type ``Ray node died``.
 * ``rocblaslt error: Could not load .../TensileLibrary_lazy_gfx942.dat`` (ROCm's BLAS libraries): kind ``native``,
@@ -67,6 +69,11 @@ _RAY_CPP = re.compile(
     r"\[\d{4}-\d\d-\d\d [\d:,.]+ (?P<lvl>[EF]) \d+ \d+\] (?P<src>[\w.]+\.cc):(?P<line>\d+): (?P<msg>.*)")
 _RAY_STATUS = re.compile(r"\b(?P<status>IOError|Invalid|NotFound|TimedOut|OutOfMemory|ObjectStoreFull|OutOfDisk"
                          r"|RpcError|NotImplemented|UnknownError): (?P<msg>\S.*)")
+
+# onnxruntime's CUDA call check: "... onnxruntime::CudaCall CUDA failure 35: CUDA driver version is insufficient
+# for CUDA runtime version ; GPU=0 ; hostname=h ; file=.../cuda_execution_provider.cc ; line=236 ; expr=...".
+_ORT_CUDA = re.compile(r"CUDA failure (?P<code>\d+): (?P<msg>[^;]*?) ; GPU=[^;]*;(?: hostname=[^;]*;)? "
+                       r"file=(?P<file>[^;]+?) ; line=(?P<line>\d+)")
 # Ray's GCS gives up on a node (its raylet crashed, was killed or lost the network): every actor on it is gone.
 # "The node with node id: 0f21... and address: 10.0.0.51 and node name: 10.0.0.51 has been marked dead because
 # the detector has missed too many heartbeats from it."
@@ -107,7 +114,7 @@ def maybe_native(msg: str) -> bool:
             or "blaslt error" in lower or "rocblas error" in lower or "UCX" in msg or ".cc:" in msg[:80]
             or " WARN " in msg
             or "watchdog thread terminated" in msg or "Assertion `" in msg or msg[:8] == "[ERROR] "
-            or "Search for `cudaError" in msg or "marked dead because" in msg)
+            or "Search for `cudaError" in msg or "marked dead because" in msg or "CUDA failure " in msg)
 
 
 def maybe_watchdog(msg: str) -> bool:
@@ -228,6 +235,13 @@ def _other_native(msg: str) -> Optional[tuple[ExceptionRecord, str]]:
                         "Ray core error line")
             if ray.group("lvl") == "F":
                 return ExceptionRecord("Ray fatal error", ray.group("msg").strip(), (frame,)), "Ray core fatal line"
+    if "CUDA failure " in msg:
+        ort = _ORT_CUDA.search(msg, 0, 2000)
+        if ort is not None:
+            file = ort.group("file")
+            frame = Frame(file, int(ort.group("line")), None, None, frame_kind(file))
+            return (ExceptionRecord(NATIVE_CUDA_TYPE, f"CUDA failure {ort.group('code')}: {ort.group('msg').strip()}",
+                                    (frame,)), "onnxruntime CUDA check")
     if "marked dead because" in msg:
         node = _RAY_NODE_DEAD.search(msg, 0, 600)
         if node is not None:
