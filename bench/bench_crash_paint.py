@@ -1,6 +1,6 @@
 """Crash to paint: from a crash's lines entering a local run's log to the failure painted in the dashboard.
 
-    .venv/bin/python bench/bench_crash_paint.py [--reps 120] [--size 120x40]
+    .venv/bin/python bench/bench_crash_paint.py [--reps 120] [--size 120x40] [--warm-s 2]
 
 The real app (``DashboardApp``, headless under ``run_test()``) on the real local agent, the path a local run takes:
 the job writes to its run directory's ``log`` (the supervisor gives it the file as stdout), the agent follows the
@@ -23,6 +23,10 @@ writing it to a terminal when headless, and does everything before that); this a
 layout or changed spans of lines) to a character grid, the screen a terminal would show, and the end of a
 repetition is the first frame after which the failure panel's region of that grid holds the exception's text
 (``AssertionError: crash N case``; the log panel shows the same line, so only the panel's region counts).
+
+When the crash comes: by default as soon as the new run streams (eight lines in, two redraws), while its screen is
+still settling (its first layout, the collection ``gcpolicy.settle`` makes when a run screen opens, the log's first
+fill). ``--warm-s S`` lets the run stream S seconds first, as a crash minutes into a job finds the dashboard.
 
 Besides the paint, each repetition notes when the run's model first held the failure (the feed thread's decode,
 end of transport and decoding), so that the time is split into what comes before the UI and the UI's part (the
@@ -205,6 +209,13 @@ async def measure(args: argparse.Namespace, work: Path) -> tuple[dict[str, list[
                 and app.screen.run_id and app.screen.model.snapshot().lines >= 8 and app.screen.redraws > 1
                 and f"crash-paint-{rep}" in (app.screen.model.snapshot().name or "") and app.screen,
                 60, step_s=0.02, what=f"run {rep} streaming")
+            warm_s = getattr(args, "warm_s", 0.0)
+            if warm_s:
+                # The run has been on screen a while, as a crash minutes into a job finds it: its screen's first
+                # layout, collection and log fill are over.
+                streaming_since = time.monotonic()
+                await wait_until(pilot, lambda since=streaming_since, warm=warm_s: time.monotonic() - since >= warm,
+                                 warm_s + 30, step_s=0.05, what="the run on screen for a while")
             app.expect(f"AssertionError: crash {rep} {case}")
             (work / f"crash-{rep}").touch()
             try:
@@ -229,6 +240,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=120, help="repetitions of each case")
     parser.add_argument("--size", default="120x40", help="terminal size, COLUMNSxROWS")
+    parser.add_argument("--warm-s", type=float, default=0.0,
+                        help="seconds the run streams on screen before its crash (0: as soon as it streams)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-crash-paint-", dir=os.environ.get("TMPDIR")))
     load_before = os.getloadavg()
@@ -236,6 +249,7 @@ def main() -> None:
     results, decoded = asyncio.run(measure(args, work))
     load_after = os.getloadavg()
     print(f"crash to paint, real app headless at {args.size}, local agent, {args.reps} runs per case, "
+          f"crash {args.warm_s:g} s after the run streams, "
           f"{time.monotonic() - started:.0f} s; nproc {os.cpu_count()}, load average before "
           f"{load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f}, after "
           f"{load_after[0]:.2f}/{load_after[1]:.2f}/{load_after[2]:.2f}")
