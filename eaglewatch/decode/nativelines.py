@@ -84,7 +84,8 @@ RAY_NODE_DIED = "Ray node died"
 _WATCHDOG_DIED = re.compile(r"Process group watchdog thread terminated with exception: (?P<msg>\S.*)")
 # NCCL's own debug output prints its errors at WARN: "host:18553:18611 [0] include/socket.h:360 WARN Call to
 # connect failed : Connection timed out" (NCCL 2.2), "host:123:456 [3] NCCL WARN Cuda failure 'out of memory'".
-_NCCL_WARN = re.compile(r"^\S+:\d+:\d+ \[\d+\] (?:[\w./]+:\d+ )?(?:NCCL )?WARN (?P<msg>\S.*)")
+# NCCL's own line, also behind a launcher's bracketed time ("[2025-07-21 19:05:29] node004:27907:27907 [1] ...").
+_NCCL_WARN = re.compile(r"^(?:\[[\d\-:.,T Z]+\] )?\S+:\d+:\d+ \[\d+\] (?:[\w./]+:\d+ )?(?:NCCL )?WARN (?P<msg>\S.*)")
 _NATIVE = re.compile(
     r"CUDA [Ee]rror: (?P<m1>.+?) at (?P<f1>[\w./\-]+\.\w+):(?P<l1>\d+)"
     r"|Failed: Cuda error (?P<f2>[\w./\-]+\.\w+):(?P<l2>\d+) '(?P<m2>[^']*)'"

@@ -201,6 +201,7 @@ def may_start(msg: str, level: Optional[str]) -> bool:
         or "*** SIG" in msg
         or "Caught signal" in msg
         or (msg[:1].islower() and "." in msg[:60] and ": " in msg)  # pyarrow.lib.PlasmaStoreFull: ...
+        or "][FILE:" in msg  # a line of CANN's error report
     )
 
 
