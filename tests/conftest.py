@@ -49,6 +49,17 @@ def tiny_llama(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_int4_llama(tmp_path_factory) -> Path:
+    """A dense Llama with every Linear but lm_head INT4 pack-quantized (compressed-tensors), bf16, 2 shards."""
+    out = tmp_path_factory.mktemp("models") / "int4-llama"
+    proc = run_cli("make-tiny-model", "--arch", "llama", "--quantization", "int4", "--dtype", "bfloat16",
+                   "--platform", "cpu", "--shards", "2", "--out", out)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "INT4 pack-quantized" in proc.stdout
+    return out
+
+
+@pytest.fixture(scope="session")
 def prepared_data(tiny_llama, tmp_path_factory) -> Path:
     """The bundled chat data, tokenized for the tiny Llama (64 samples)."""
     from eaglewatch.assets import SAMPLE_CHAT_DATA

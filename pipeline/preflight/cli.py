@@ -25,7 +25,8 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = plan.ExtractConfig.from_args(args)
     try:
-        report = run_preflight(cfg, miniature=not args.no_miniature, miniature_samples=args.miniature_samples)
+        report = run_preflight(cfg, miniature=not args.no_miniature, miniature_samples=args.miniature_samples,
+                               runs_here=False)
     except OSError as exc:  # a path given that cannot be read (permissions, a loop of links)
         raise UserError(output.describe_os_error(exc)) from None
     writers = describe_writers(cfg.output_path) if cfg.output_path.is_dir() else []

