@@ -95,6 +95,7 @@ def _probe(ops: tuple[str, ...], python: str, _pythonpath: str, timeout_s: float
         return CpuKernels("unknown", "", None, f"the kernel probe failed: {tail}")
     library = str(found.get("library"))
     why = _why(bool(found.get("avx512")), bool(found.get("avx512_bf16")), library)
-    ops = found.get("ops")
-    return CpuKernels(library, why, {str(k): bool(v) for k, v in ops.items()} if isinstance(ops, dict) else None,
+    registered = found.get("ops")
+    return CpuKernels(library, why, {str(k): bool(v) for k, v in registered.items()}
+                      if isinstance(registered, dict) else None,
                       str(found.get("error") or ""))
