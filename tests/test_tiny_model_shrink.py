@@ -10,7 +10,7 @@ from conftest import FIXTURES
 from eaglewatch.errors import UserError
 from eaglewatch.pipeline.preflight.miniature import plan_miniature
 from eaglewatch.pipeline.preflight.vllm_source import InstalledVLLM
-from eaglewatch.pipeline.tiny_shrink import CPU_MLA_LATENT, shrink
+from eaglewatch.pipeline.tiny_shrink import CPU_MLA_LATENT, keep_pattern, shrink
 
 KIMI = json.loads((FIXTURES / "configs" / "kimi_k25_config.json").read_text())
 KIMI_TEXT = KIMI["text_config"]
@@ -133,3 +133,36 @@ def test_a_dense_int4_target_stays_quantized_on_vllm_cpu():
              "num_hidden_layers": 32, "quantization_config": dict(KIMI_INT4_SCHEME, ignore=["lm_head"])}
     plan = plan_miniature(dense, 4, platform="cpu")
     assert plan.quantization is not None and "INT4 pack-quantized, group 32, symmetric" in plan.summary()
+
+
+@pytest.mark.parametrize("per_layer, depth, kept", [
+    (["sliding_attention", "full_attention"] * 12, 4, ["sliding_attention", "full_attention"] * 2),  # gpt-oss
+    (["sliding_attention"] * 5 + ["full_attention"], 4, ["sliding_attention"] * 3 + ["full_attention"]),
+    (["linear_attention"] * 3 + ["full_attention"], 4, ["linear_attention"] * 3 + ["full_attention"]),
+    ([0, 1, 1, 1, 1, 1, 2], 4, [0, 1, 1, 2]),  # dense, then MoE, then a last kind of its own
+    (["a", "b", "c", "d", "e"], 2, ["a", "b"]),  # more kinds than layers: the first ones
+])
+def test_a_per_layer_list_keeps_its_pattern_at_the_new_depth(per_layer, depth, kept):
+    assert keep_pattern(per_layer, depth) == kept
+
+
+def test_per_layer_fields_are_found_by_their_length_not_their_name():
+    target = {"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"], "hidden_size": 2880,
+              "num_hidden_layers": 6, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+              "layer_types": ["sliding_attention", "full_attention"] * 3,
+              "some_future_per_layer_field": [1, 1, 1, 1, 1, 0], "num_local_experts": 32}
+    small = shrink(target, num_layers=4, platform="cpu")
+    assert small.config["layer_types"] == ["sliding_attention", "full_attention"] * 2
+    assert small.config["some_future_per_layer_field"] == [1, 1, 1, 0]
+    assert any(k.startswith("layer_types pattern") for k in small.kept), small.kept
+
+
+def test_a_model_type_transformers_knows_is_built_as_itself():
+    """DeepSeek-V2 built as V3 gets V3's weight names (e_score_correction_bias), which vLLM's DeepseekV2 class
+    does not load: a false alarm of the factory's own."""
+    v2 = {**DEEPSEEK_V3, "model_type": "deepseek_v2", "architectures": ["DeepseekV2ForCausalLM"],
+          "topk_method": "greedy", "scoring_func": "softmax", "q_lora_rank": None, "n_group": 1, "topk_group": 1}
+    small = shrink(v2, num_layers=4, platform="cpu")
+    assert small.config["model_type"] == "deepseek_v2"
+    assert small.config["architectures"] == ["DeepseekV2ForCausalLM"]
+    assert not any("built as" in c for c in small.changed), small.changed
