@@ -24,7 +24,6 @@ from eaglewatch.pipeline.preflight.vllm_source import (
     find_vllm,
     parse_version,
     quantization_methods,
-    supports_architecture,
 )
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
@@ -76,12 +75,7 @@ def check_model(ctx: Context) -> list[CheckResult]:
     quant = (info.config.get("quantization_config") or info.text_config.get("quantization_config") or {})
     method = quant.get("quant_method") if isinstance(quant, dict) else None
     if ctx.cfg.engine == "vllm" and ctx.vllm is not None:
-        arch = next(iter(info.architectures), "")
-        if arch and not supports_architecture(ctx.vllm, arch):
-            results.append(CheckResult("architecture", FAIL, f"vLLM {ctx.vllm.version} does not know {arch}",
-                                       "upgrade vLLM, or check the config's architectures field"))
-        else:
-            results.append(CheckResult("architecture", PASS, f"{arch} is in vLLM {ctx.vllm.version}'s registry"))
+        results.append(check_eagle3(ctx.vllm, next(iter(info.architectures), "")))
         if method:
             known = quantization_methods(ctx.vllm)
             status = PASS if method in known else FAIL
@@ -93,6 +87,34 @@ def check_model(ctx: Context) -> list[CheckResult]:
         results.append(CheckResult("quantisation", WARN, f"quant_method {method!r}: the hf engine needs its "
                                    "transformers integration installed", "prefer --engine vllm for quantised models"))
     return results
+
+
+HF_ENGINE_FIX = "--engine hf captures any transformers model, for a model small enough for one device"
+
+
+def check_eagle3(vllm: InstalledVLLM, arch: str) -> CheckResult:
+    """Can this vLLM capture the architecture's hidden states? Only classes with its EAGLE-3 interface
+    (``SupportsEagle3``) can; asked of vLLM's own source, the registry and the class, in well under a second."""
+    from eaglewatch.pipeline.preflight.eagle3_support import eagle3_support
+
+    if not arch:
+        return CheckResult("architecture", WARN, "config.json names no architecture: vLLM will guess the class",
+                           "set architectures in config.json")
+    try:
+        support = eagle3_support(vllm, arch)
+    except Exception as exc:  # our reading of vLLM's source failed: a limit of the check, never the job's failure
+        return CheckResult("architecture", WARN, f"could not tell whether vLLM {vllm.version} captures {arch}'s "
+                           f"hidden states ({type(exc).__name__}: {exc})", "")
+    if support.status == "supported":
+        return CheckResult("architecture", PASS, support.reason)
+    if support.status == "unsupported":
+        return CheckResult("architecture", FAIL, support.reason,
+                           f"a vLLM whose {support.model_class} implements SupportsEagle3; or {HF_ENGINE_FIX}")
+    if support.status == "unregistered":
+        return CheckResult("architecture", FAIL, support.reason or f"vLLM {vllm.version} does not know {arch}",
+                           "upgrade vLLM, or check the config's architectures field")
+    return CheckResult("architecture", WARN, support.reason or f"could not tell whether vLLM {vllm.version} "
+                       f"captures {arch}'s hidden states", "the miniature runs the real engine path")
 
 
 def _check_shards(info: mi.ModelInfo) -> CheckResult:
