@@ -40,27 +40,8 @@ cd "$W"  # not the checkout's root, so that the laid-out copy is the one importe
 EW=(python3 -m eaglewatch)
 
 say() { echo "[family-run $HALF +$(( $(date +%s) - T_HALF ))s] $*" | tee -a "$OUT/console.txt"; }
-left() { echo $(( DEADLINE_S - ($(date +%s) - T_HALF) )); }
-
-# step NAME MAX_S CMD...: runs CMD under a timeout (MAX_S, or what is left of the half), logs to $OUT/NAME.log.
-step() {
-    local name=$1 max=$2; shift 2
-    local budget; budget=$(left)
-    if [ "$budget" -lt 30 ]; then
-        say "$name: skipped, ${budget}s left in this half"
-        printf '%s\tskipped\t0\n' "$name" >> "$OUT/steps.tsv"
-        return 99
-    fi
-    [ "$max" -gt "$budget" ] && max=$budget
-    local t0; t0=$(date +%s)
-    say "$name: start (limit ${max}s)"
-    timeout -k 10 "$max" "$@" > "$OUT/$name.log" 2>&1
-    local rc=$?
-    local dt=$(( $(date +%s) - t0 ))
-    printf '%s\t%s\t%s\n' "$name" "$rc" "$dt" >> "$OUT/steps.tsv"
-    say "$name: exit $rc after ${dt}s"
-    return $rc
-}
+# shellcheck source=bench/gpu_steps.sh
+. "$REPO/bench/gpu_steps.sh"
 
 python3 -c "import vllm, sys; print('vllm', vllm.__version__, file=sys.stderr)" 2>>"$OUT/console.txt" || {
     say "vLLM does not import with PYTHONPATH=$PYTHONPATH: install it first (../shared/gpu/README.md)"; exit 2; }
