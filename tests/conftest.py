@@ -25,6 +25,24 @@ def pytest_report_header(config) -> str:
     return f"EAGLEWATCH_TEST_SEED={TEST_SEED}"
 
 
+# How much a test of each mark weighs when modules are ordered (an engine start is tens of seconds, an ssh test a
+# few): the measured per-test durations are in docs/CONTRIBUTING.md.
+HEAVY_MARKS = {"vllm": 4, "slurm": 3, "slow": 2, "ssh": 1}
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    """Modules with the most engine, Slurm, SSH and slow tests first, the rest in their usual order.
+
+    ``./run test`` hands whole modules to two workers (pytest-xdist, ``--dist loadfile``); started last, a heavy
+    module would leave the other worker idle for its last minutes. The order is the same on every worker."""
+    heavy: dict[str, int] = {}
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        heavy[module] = heavy.get(module, 0) + max(
+            (weight for mark, weight in HEAVY_MARKS.items() if item.get_closest_marker(mark)), default=0)
+    items.sort(key=lambda item: -heavy[item.nodeid.split("::")[0]])
+
+
 def seeded_rng(name: str) -> random.Random:
     """A generator of its own for one test, from the run's seed and the test's name: a rerun with the same seed
     makes the same choices for that test, whichever tests run with it."""
