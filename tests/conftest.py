@@ -33,8 +33,8 @@ HEAVY_MARKS = {"vllm": 4, "slurm": 3, "slow": 2, "ssh": 1}
 def pytest_collection_modifyitems(session, config, items) -> None:
     """Modules with the most engine, Slurm, SSH and slow tests first, the rest in their usual order.
 
-    ``./run test`` hands whole modules to two workers (pytest-xdist, ``--dist loadfile``); started last, a heavy
-    module would leave the other worker idle for its last minutes. The order is the same on every worker."""
+    ``./run test`` hands whole modules to two workers (pytest-xdist, ``--dist loadfile --no-loadscope-reorder``, which
+    keeps this order); started last, a heavy module would leave the other worker idle for its last minutes."""
     heavy: dict[str, int] = {}
     for item in items:
         module = item.nodeid.split("::")[0]
