@@ -190,6 +190,11 @@ def _shrink_attention(text: dict[str, Any], small: dict[str, Any], sizes: Sizes,
         kv = max(heads // 2, 1)
     small["num_key_value_heads"] = kv
     small["head_dim"] = head_dim
+    if head_dim * target_heads == int(text["hidden_size"]):
+        # The target's head_dim is hidden / heads, and some of vLLM's classes compute it so (Qwen2) rather than
+        # read it: the miniature keeps that true, or vLLM and transformers would build different models.
+        small["hidden_size"] = heads * head_dim
+        result.changed.append(f"hidden {small['hidden_size']}, heads x head_dim as in the target")
     kind = "MHA" if kv == heads else ("MQA" if kv == 1 else "GQA")
     result.kept.append(f"{kind} head_dim {head_dim}")
 

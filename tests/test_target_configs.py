@@ -23,12 +23,17 @@ TARGETS = [
     ("deepseek_v2_lite.json", "DeepseekV2ForCausalLM", "pass"),
     ("glm_4_5_air.json", "Glm4MoeForCausalLM", "refused"),
     ("gemma_3_1b.json", "Gemma3ForCausalLM", "refused"),
+    # transformers' reference configs of four more families (README there)
+    ("transformers-defaults/qwen3_next.json", "Qwen3NextForCausalLM", "pass"),  # linear + full attention layers
+    ("transformers-defaults/qwen2.json", "Qwen2ForCausalLM", "pass"),  # head_dim derived from hidden / heads
+    ("transformers-defaults/phi3.json", "Phi3ForCausalLM", "pass"),
+    ("transformers-defaults/mistral.json", "MistralForCausalLM", "pass"),
 ]
 
 
 @pytest.mark.vllm
 @pytest.mark.slow
-@pytest.mark.parametrize("config, model_class, verdict", TARGETS, ids=[t[0].removesuffix(".json") for t in TARGETS])
+@pytest.mark.parametrize("config, model_class, verdict", TARGETS, ids=[t[0].removesuffix(".json").split("/")[-1] for t in TARGETS])
 def test_preflight_gives_the_published_target_its_verdict(config, model_class, verdict, prepared_data, tmp_path):
     model = tmp_path / "model"
     made = run_cli("make-tiny-model", "--like", FIXTURES / "target-configs" / config, "--platform", "cpu",

@@ -166,3 +166,15 @@ def test_a_model_type_transformers_knows_is_built_as_itself():
     assert small.config["model_type"] == "deepseek_v2"
     assert small.config["architectures"] == ["DeepseekV2ForCausalLM"]
     assert not any("built as" in c for c in small.changed), small.changed
+
+
+def test_a_head_dim_the_target_derives_stays_derivable():
+    """Qwen2's config has no head_dim: vLLM's Qwen2 computes hidden / heads. A miniature with head_dim 128 at hidden
+    256 and 4 heads made vLLM and transformers build different models (a miniature warning of our own)."""
+    qwen2 = json.loads((FIXTURES / "target-configs" / "transformers-defaults" / "qwen2.json").read_text())
+    for platform in ("cpu", "gpu"):
+        small = shrink(qwen2, num_layers=4, platform=platform).config
+        assert small["hidden_size"] == small["num_attention_heads"] * small["head_dim"] == small["num_attention_heads"] * 128
+    # A target whose head_dim is not hidden / heads (Qwen3-8B: 4096 / 32 heads, head_dim 128 is; Gemma: it is not)
+    # keeps the platform's hidden size.
+    assert shrink({**qwen2, "head_dim": 64}, num_layers=4, platform="cpu").config["hidden_size"] == 256
