@@ -9,6 +9,10 @@
 #
 #   OUT=/some/dir bash bench/gpu_targets_run.sh
 #
+# TARGETS picks configs by path under tests/fixtures/target-configs/ (default: the published ones at its top);
+# EXTRACT_ARGS adds flags to each extract (e.g. "--no-miniature --enforce-eager" to verify the real extraction
+# within a fresh machine's time).
+#
 # Results in $OUT: one log per step, steps.tsv (step, exit code, seconds), static.tsv (architecture, verdict,
 # seconds), summary.txt (the preflight's architecture and miniature lines, and verify's result).
 set -u
@@ -34,7 +38,12 @@ python3 -c "import vllm, sys; print('vllm', vllm.__version__, file=sys.stderr)" 
     say "vLLM does not import with PYTHONPATH=$PYTHONPATH"; exit 2; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >> "$OUT/console.txt" 2>&1
 
-CONFIGS=("$REPO"/tests/fixtures/target-configs/*.json)
+if [ -n "${TARGETS:-}" ]; then
+    CONFIGS=()
+    for t in $TARGETS; do CONFIGS+=("$REPO/tests/fixtures/target-configs/$t"); done
+else
+    CONFIGS=("$REPO"/tests/fixtures/target-configs/*.json)
+fi
 # The static verdict of every config, each in a fresh process (what a user's preflight pays).
 for config in "${CONFIGS[@]}" "$REPO/tests/fixtures/configs/kimi_k25_config.json"; do
     python3 - "$config" >> "$OUT/static.tsv" 2>>"$OUT/console.txt" <<'PY'
@@ -67,7 +76,7 @@ for config in "${CONFIGS[@]}"; do
     step "$name-make" 120 "${EW[@]}" make-tiny-model --like "$config" --out "$model" --shards 4 --layers 6 \
         --platform gpu --dtype bfloat16 || continue
     step "$name-extract" 300 "${EW[@]}" extract --model-path "$model" --prepared-data "$W/data.jsonl" \
-        --output-dir "$out" --layer-ids 1 3 6
+        --output-dir "$out" --layer-ids 1 3 6 ${EXTRACT_ARGS:-}
     { echo "== $name"; grep -h -E '\] (architecture|miniature)|preflight:|phase: done|error:' \
         "$OUT/$name-extract.log"; } >> "$OUT/summary.txt"
     [ -e "$out/manifest.json" ] || continue
