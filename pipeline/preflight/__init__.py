@@ -54,7 +54,8 @@ def run_preflight(cfg: ExtractConfig, events: Any | None = None, *, miniature: b
         mini = run_miniature(cfg, ctx.info, ctx.layer_ids, samples=miniature_samples, workdir=workdir,
                              data=samples, on_stage=_stage_reporter(events, "miniature"))
         result = CheckResult("miniature", mini.status, mini.reason,
-                             "" if mini.status == PASS else f"see {mini.log_path}; fix this before the real load",
+                             "" if mini.status == PASS else f"see {mini.log_path}" + (
+                                 "; fix this before the real load" if mini.status == FAIL else ""),
                              details={"layer_map": mini.layer_map, "seconds": round(mini.seconds, 1),
                                       "root_cause": mini.root_cause, **mini.details})
         report.results.append(result)

