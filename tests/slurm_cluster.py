@@ -6,7 +6,7 @@ the node's spool. The node is this machine, under its host name, with 2 CPUs. Co
 ``SLURM_CONF`` (``cluster.env``). At the end every job is cancelled and exactly the daemons started here are
 stopped, by the pids in their pid files.
 
-Recipe and what was tried: /work/shared/slurm/README.md; what the tests cover: docs/slurm.md.
+What the tests cover: docs/slurm.md ("Tests").
 """
 
 from __future__ import annotations

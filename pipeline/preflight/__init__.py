@@ -101,11 +101,14 @@ MARKS = {PASS: "ok  ", WARN: "warn", FAIL: "FAIL"}
 
 
 def print_table(report: PreflightReport, out: TextIO) -> None:
+    from eaglewatch.safetext import safe_text
+
+    # Reasons quote the config, file names and decoded engine output: every line goes through the one gate.
     width = max((len(r.name) for r in report.results), default=10)
     for r in report.results:
-        print(f"  [{MARKS[r.status]}] {r.name:<{width}}  {r.reason}", file=out)
+        print(f"  [{MARKS[r.status]}] {safe_text(r.name):<{width}}  {safe_text(r.reason)}", file=out)
         if r.fix and r.status != PASS:
-            print(f"         {'':<{width}}  fix: {r.fix}", file=out)
+            print(f"         {'':<{width}}  fix: {safe_text(r.fix)}", file=out)
     failed, warned = len(report.failed), sum(r.status == WARN for r in report.results)
     print(f"preflight: {'FAILED' if failed else 'passed'} ({failed} failed, {warned} warnings, "
           f"{len(report.results)} checks)", file=out)
