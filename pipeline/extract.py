@@ -36,7 +36,9 @@ from eaglewatch.pipeline.engines.options import IN_FLIGHT_BYTES
 from eaglewatch.pipeline.events import EventLog
 from eaglewatch.pipeline.output_lock import OutputLock
 from eaglewatch.pipeline.plan import ExtractConfig, Plan, make_plan
-from eaglewatch.pipeline.preflight import PreflightReport, print_table, run_preflight
+from eaglewatch.pipeline.preflight import (
+    FAIL, WARN, CheckResult, PreflightReport, print_row, print_summary, run_checks_reported, start_miniature,
+)
 from eaglewatch.pipeline.prepared_data import Sample
 
 HELP = "extract hidden states of chosen layers for every prepared sample (vLLM or transformers)"
@@ -83,6 +85,8 @@ class Progress:
 
     plan: Plan | None = None
     started: float = 0.0
+    miniature: Any = None  # the preflight's MiniatureRun, while it runs
+    guard: Any = None  # the LoadGuard that stops the real load when the miniature beside it fails
 
     def done_text(self) -> str:
         if self.plan is None:
@@ -130,10 +134,17 @@ def _run_locked(cfg: ExtractConfig, lock: OutputLock, echo: TextIO | None) -> di
     progress = Progress()
     try:
         return _validate_and_extract(cfg, lock, events, progress, echo)
-    except UserError as exc:
-        events.refusal(exc)
-        raise
     except BaseException as exc:
+        stopped = progress.guard.failure if progress.guard is not None else None
+        if stopped is not None:
+            # The miniature beside the load failed and the load was stopped: whatever the load raised on its way
+            # out (its engine gone), the miniature's root cause is the job's.
+            events.refusal(stopped)
+            progress.guard.ended.set()
+            raise stopped from None
+        if isinstance(exc, UserError):
+            events.refusal(exc)
+            raise
         if output.is_disk_full(exc):
             stopped = DiskFull(f"disk full on {output.filesystem_of(out)} {progress.done_text()}; "
                                "free space and run the same command to resume")
@@ -147,6 +158,8 @@ def _run_locked(cfg: ExtractConfig, lock: OutputLock, echo: TextIO | None) -> di
         events.error(exc)
         raise
     finally:
+        if progress.miniature is not None:
+            progress.miniature.stop()
         events.close()
 
 
@@ -161,7 +174,7 @@ def _validate_and_extract(cfg: ExtractConfig, lock: OutputLock, events: JobEvent
         # Before preflight, whose miniature runs an engine: a layer order the trainer cannot take fails in
         # milliseconds (the model's config.json is all it needs), not after a minute or after the extraction.
         planning.check_output_format(cfg, mi.load_model_info(cfg.model_path, check_shards=False))
-    preflight = None if cfg.no_preflight else _preflight(cfg, events, echo)
+    preflight = None if cfg.no_preflight else _preflight(cfg, events, echo, progress)
     visible = None
     if cfg.engine == "vllm" and not cpu_build_of_vllm():
         from eaglewatch.pipeline.engines.vllm_engine import visible_gpu_count
@@ -227,6 +240,7 @@ def _validate_and_extract(cfg: ExtractConfig, lock: OutputLock, events: JobEvent
     if not keep_manifest:
         _write_manifest(cfg, manifest_path, manifest)
     if not plan.todo:
+        _miniature_end(progress, events)
         events.say("every sample is already extracted; nothing to do")
         if keep_manifest and existing is not None:
             result = {**existing, "samples_written": 0}
@@ -271,7 +285,7 @@ def _validate_and_extract(cfg: ExtractConfig, lock: OutputLock, events: JobEvent
     index_of = {s.id: i for i, s in enumerate(plan.samples)}
     report = _Report(events, total=len(plan.samples), done_before=done_before,
                      todo_tokens=sum(s.num_tokens for s in todo_samples),
-                     on_landed=lambda sample: mark.landed(index_of[sample.id]),
+                     on_landed=lambda sample: _landed(mark, index_of[sample.id], progress),
                      check=syncer.check if syncer is not None else None)
     try:
         if cfg.streams:
@@ -296,6 +310,7 @@ def _validate_and_extract(cfg: ExtractConfig, lock: OutputLock, events: JobEvent
         manifest.update(status="done", finished_at=time.time(), **stats)
         _write_manifest(cfg, manifest_path, manifest)
         result = manifest
+    _miniature_end(progress, events)
     _finish_view(cfg, plan, events, result)
     events.phase(protocol.PHASE_DONE, f"{stats['samples_written']} samples, {stats['tokens_per_s']:.0f} tokens/s")
     return result
@@ -353,14 +368,81 @@ def _same_selection(existing: dict[str, Any], cfg: ExtractConfig) -> bool:
     return all(existing.get(k) == v for k, v in planning.selection(cfg).items())
 
 
-def _preflight(cfg: ExtractConfig, events: EventLog, echo: TextIO | None) -> PreflightReport:
-    report = run_preflight(cfg, events, miniature=not cfg.no_miniature, miniature_samples=cfg.miniature_samples)
+def _preflight(cfg: ExtractConfig, events: JobEvents, echo: TextIO | None, progress: Progress) -> PreflightReport:
+    """The checks, each line printed as it finishes; then the miniature, beside the real load or before it."""
+    from eaglewatch.pipeline.preflight.beside import LoadGuard, choose_order
+
+    def show(result: CheckResult) -> None:
+        if echo is not None:
+            print_row(result, echo, traceback=False)  # the miniature's traceback is in the log already, its lane
+
+    report, ctx = run_checks_reported(cfg, events, on_result=show)
     if echo is not None:
-        print_table(report, echo)
+        print_summary(report, echo)
     if not report.passed:
         first = report.failed[0]
         raise UserError(f"preflight: {first.reason}" + (f" (fix: {first.fix})" if first.fix else ""))
+    if cfg.no_miniature:
+        return report
+    order = choose_order(cfg)
+    events.emit(protocol.EVENT_INFO, miniature_order=order.order, miniature_order_reason=order.reason)
+    events.say(f"preflight: the miniature runs {order.order} the real load ({order.reason})")
+    guard = None
+    if order.order == planning.MINIATURE_BESIDE:
+        guard = progress.guard = LoadGuard(spare=lambda: mini.pids() if mini is not None else set(),
+                                           on_exit=events.refusal)
+
+    def decide(result: CheckResult) -> CheckResult:
+        if result.name != "miniature" or result.status != FAIL or guard is None or guard.armed:
+            return result
+        return CheckResult(result.name, WARN, f"{result.reason}; the real run was already writing its files, "
+                           "so it goes on: its own output is the evidence now", result.fix, result.details)
+
+    def told(result: CheckResult) -> None:
+        show(result)
+        if guard is not None and result.name == "miniature" and result.status == FAIL:
+            guard.trip(result.reason)
+
+    mini = None
+    mini = progress.miniature = start_miniature(
+        cfg, report, ctx, events, samples=cfg.miniature_samples, gpu_share=order.gpu_share, lane=_lane_writer(echo),
+        on_result=told, adjust=decide)
+    if mini is not None and order.order == planning.MINIATURE_BEFORE:
+        verdict = mini.wait_verdict()
+        if verdict is not None and verdict.status == FAIL:
+            raise UserError(f"preflight: {verdict.reason} (fix: the real job runs the same engine path: fix this "
+                            "before loading the real model)")
     return report
+
+
+def _lane_writer(echo: TextIO | None) -> Any:
+    """Where the miniature's engine output goes: the job's log (``echo``), a line at a time."""
+    if echo is None:
+        return None
+    try:
+        fd = echo.fileno()
+    except (AttributeError, OSError, ValueError):
+        return lambda line: echo.write(line.decode("utf-8", "replace"))
+
+    def write(line: bytes) -> None:
+        echo.flush()
+        os.write(fd, line)
+
+    return write
+
+
+def _landed(mark: durability.Watermark, index: int, progress: Progress) -> None:
+    mark.landed(index)
+    if progress.guard is not None:
+        progress.guard.disarm()  # the run's own files are the evidence from here on
+
+
+def _miniature_end(progress: Progress, events: EventLog) -> None:
+    """Before the run says it is done: the miniature's last word (its comparison with transformers)."""
+    run = progress.miniature
+    if run is not None and run.running:
+        events.say("waiting for the miniature to finish")
+        run.wait()
 
 
 def _write_manifest(cfg: ExtractConfig, path: Path, manifest: dict[str, Any]) -> None:

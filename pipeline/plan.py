@@ -33,6 +33,9 @@ DEFAULT_BATCH_SIZE = 16
 # --data-path`` reads (export.py), written at the end from the same files.
 FORMAT_NATIVE, FORMAT_SPECULATORS = "native", "speculators"
 OUTPUT_FORMATS = (FORMAT_NATIVE, FORMAT_SPECULATORS)
+# When the miniature runs: beside the real load (both start together), before it, or as the host allows (auto).
+MINIATURE_AUTO, MINIATURE_BESIDE, MINIATURE_BEFORE = "auto", "beside", "before"
+MINIATURE_ORDERS = (MINIATURE_AUTO, MINIATURE_BESIDE, MINIATURE_BEFORE)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,6 +67,10 @@ class ExtractConfig(EngineOptions):
     no_preflight: bool = flag(False, "skip the preflight checks and the miniature", action="store_true")
     no_miniature: bool = flag(False, "run the preflight checks but not the miniature", action="store_true")
     miniature_samples: int = flag(4, "samples the miniature runs (default 4)", type=int)
+    miniature_order: str = flag(
+        MINIATURE_AUTO, "extract: run the miniature beside the real load or before it; auto (default): beside on "
+                        "GPUs with the free memory for both, before elsewhere (the reason is printed)",
+        choices=MINIATURE_ORDERS)
 
     def problems(self) -> list[str]:
         found = super().problems()

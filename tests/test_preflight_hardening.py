@@ -4,6 +4,7 @@ line."""
 from __future__ import annotations
 
 import os
+import subprocess
 import tempfile
 
 import pytest
@@ -13,7 +14,7 @@ from eaglewatch.cli import main
 from eaglewatch.pipeline import model_info as mi
 from eaglewatch.pipeline.output_lock import OutputLock
 from eaglewatch.pipeline.plan import ExtractConfig
-from eaglewatch.pipeline.preflight.miniature import run_miniature
+from eaglewatch.pipeline.preflight.miniature_run import run_miniature
 
 
 def preflight_args(model, data, out, *extra):
@@ -31,15 +32,33 @@ def test_a_passing_miniature_leaves_nothing_in_the_temporary_directory(tmp_path,
     assert list(temp.iterdir()) == []
 
 
-def test_a_failing_miniature_keeps_its_folder_and_names_it(tmp_path, tiny_llama, prepared_data, monkeypatch):
+def test_a_miniature_that_times_out_is_stopped_and_leaves_nothing(tmp_path, tiny_llama, prepared_data, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     cfg = ExtractConfig(model_path=str(tiny_llama), prepared_data=str(prepared_data), output_dir=str(tmp_path / "o"),
                         engine="hf", max_seq_len=512)
     result = run_miniature(cfg, mi.load_model_info(tiny_llama), [1, 2, 4], timeout_s=0.01)
     assert result.status == "fail" and "did not finish within" in result.reason
-    kept = [p for p in tmp_path.iterdir() if p.name.startswith("eaglewatch-miniature-")]
-    assert len(kept) == 1 and result.log_path == str(kept[0] / "miniature.log")
-    assert (kept[0] / "model" / "config.json").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("eaglewatch-miniature-")]
+
+
+def test_a_folder_left_by_a_killed_job_is_swept(tmp_path):
+    from eaglewatch.pipeline.preflight.miniature_run import FOLDER_PREFIX, sweep_left_behind
+
+    gone = _dead_pid()
+    left = tmp_path / f"{FOLDER_PREFIX}{gone}-0"
+    (left / "model").mkdir(parents=True)
+    mine = tmp_path / f"{FOLDER_PREFIX}{os.getpid()}-0"
+    mine.mkdir()
+    other = tmp_path / "eaglewatch-something-else"
+    other.mkdir()
+    assert sweep_left_behind(tmp_path) == [left]
+    assert not left.exists() and mine.exists() and other.exists()
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
 
 
 def test_a_folder_being_written_is_a_warning(tmp_path, tiny_llama, prepared_data):

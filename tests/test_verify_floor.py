@@ -211,7 +211,7 @@ def test_a_miniature_that_differs_names_the_layer_and_its_ratio(moe_data, tmp_pa
     is beyond its floor and by how much, not a largest difference that rounding alone can reach."""
     from eaglewatch.pipeline import model_info
     from eaglewatch.pipeline.plan import ExtractConfig
-    from eaglewatch.pipeline.preflight.miniature import run_miniature
+    from eaglewatch.pipeline.preflight.miniature_run import run_miniature
     from eaglewatch.pipeline.tiny_model import make_tiny_model
 
     target = make_tiny_model(tmp_path / "plain-rope", moe_config(rope_scaling=None), shards=1, dtype="bfloat16")

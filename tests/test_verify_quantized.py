@@ -223,7 +223,7 @@ def test_the_miniature_of_a_dense_int4_target_passes_on_vllm_cpu(int4_model, int
     pytest.importorskip("vllm")
     from eaglewatch.pipeline import model_info
     from eaglewatch.pipeline.plan import ExtractConfig
-    from eaglewatch.pipeline.preflight.miniature import run_miniature
+    from eaglewatch.pipeline.preflight.miniature_run import run_miniature
 
     target = tmp_path / "target"
     target.mkdir()

@@ -13,12 +13,16 @@ from dataclasses import dataclass
 from typing import Iterable, Optional
 
 MAIN_LANE = "main"
+# The preflight's miniature runs beside the job and its lines carry this name in front of their own
+# (``(Miniature_EngineCore_DP0 pid=7)``): a lane of its own, never taken for the job's.
+MINIATURE_LANE = "Miniature"
 
 KIND_WORKER = "worker"
 KIND_ENGINE = "engine"
 KIND_API = "api"
 KIND_MAIN = "main"
 KIND_OTHER = "other"
+KIND_MINIATURE = "miniature"
 
 # A name is a word, optionally followed by "key=N" or rank tokens ("VllmWorker rank=3", "VllmWorker TP0").
 _NAME = r"[A-Za-z_][\w.\-]*(?: (?:[A-Za-z_]\w*=\d+|[A-Z]{1,4}\d+))*"
@@ -49,6 +53,8 @@ MAIN = LaneId(MAIN_LANE, None, KIND_MAIN)
 def lane_kind(name: str) -> str:
     if name == MAIN_LANE or name.startswith("MainProcess"):
         return KIND_MAIN
+    if name.startswith(MINIATURE_LANE):
+        return KIND_MINIATURE
     if "EngineCore" in name or name.startswith("Engine"):
         return KIND_ENGINE
     lowered = name.lower()

@@ -71,6 +71,8 @@ class EngineOptions:
         None, "run vLLM's engine core in its own process (default: on GPUs, except with --exact; in-process on CPU, "
               "where the extra process competes for the cores)", action=argparse.BooleanOptionalAction)
     write_timeout: float = flag(600.0, "seconds to wait for a batch's files (default 600)", type=float)
+    fast_start: bool = flag(False, "start vLLM for a few short samples (the preflight's miniature): a small "
+                                   "profile run and no kernel autotuning", action="store_true")
     # Apart from --dtype, which is what the engine computes in (and what verify's floors are made in): the storage
     # is what the writer does with the computed states on their way to the disk.
     storage: str = flag(STORAGE_DTYPE, "how the files keep the hidden states: dtype = as computed, in --dtype "

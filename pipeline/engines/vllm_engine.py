@@ -65,6 +65,7 @@ def extraction_llm_kwargs(
     enforce_eager: bool,
     trust_remote_code: bool,
     max_num_seqs: int | None = None,
+    fast_start: bool = False,
     fsync: bool = True,
     storage: str = "dtype",
 ) -> dict[str, Any]:
@@ -91,13 +92,29 @@ def extraction_llm_kwargs(
             "kv_connector_extra_config": {"fsync": fsync, "storage": storage},
         },
     )
+    # Always passed: vLLM's startup check compares it with the free memory even when the cache is given in bytes.
+    kwargs["gpu_memory_utilization"] = gpu_memory_utilization
     if kv_cache_memory_bytes:
         kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
-    else:
-        kwargs["gpu_memory_utilization"] = gpu_memory_utilization
     if max_num_seqs:
         kwargs["max_num_seqs"] = max_num_seqs
+    if fast_start:
+        kwargs.update(_fast_start_kwargs(max_seq_len))
     return kwargs
+
+
+def _fast_start_kwargs(max_seq_len: int) -> dict[str, Any]:
+    """A small engine for a few short samples: vLLM's start profiles a forward of ``max_num_batched_tokens``
+    (16384 by default on a large GPU) and autotunes FlashInfer's kernels at its default optimization level; a
+    miniature needs neither. Only what the installed vLLM's EngineArgs has is passed."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    has = {f.name for f in dataclasses.fields(EngineArgs)}
+    wanted: dict[str, Any] = {"max_num_batched_tokens": max(2048, max_seq_len + 8), "max_num_seqs": 16,
+                              "optimization_level": 0}
+    return {k: v for k, v in wanted.items() if k in has}
 
 
 class VLLMEngine:
@@ -143,7 +160,7 @@ class VLLMEngine:
             self.model_path, self.layer_ids, tp_size=o.tp_size, dtype=self.dtype, max_seq_len=o.max_seq_len,
             gpu_memory_utilization=o.gpu_memory_utilization, kv_cache_memory_bytes=kv_cache_bytes,
             enforce_eager=bool(eager), trust_remote_code=o.trust_remote_code, fsync=o.fsync_each_file,
-            storage=o.storage))
+            storage=o.storage, fast_start=o.fast_start))
 
     @staticmethod
     def _requests(samples: Sequence[Sample], paths: Sequence[Path]) -> tuple[list[dict[str, Any]], list[Any]]:

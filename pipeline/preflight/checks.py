@@ -374,8 +374,10 @@ CHECKS: tuple[Callable[[Context], list[CheckResult]], ...] = (
 def run_checks(cfg: plan.ExtractConfig, *, vllm: InstalledVLLM | None | EllipsisType = ...,
                visible_gpus: int | None | EllipsisType = ...,
                gpu_memory_bytes: int | None | EllipsisType = ...,
-               runs_here: bool = True) -> tuple[list[CheckResult], Context]:
-    """Run every check; later checks that need the model are skipped when the model folder failed.
+               runs_here: bool = True,
+               on_result: Callable[[CheckResult], None] | None = None) -> tuple[list[CheckResult], Context]:
+    """Run every check; later checks that need the model are skipped when the model folder failed. ``on_result``
+    hears each result as it is known.
 
     ``...`` (the default) means: find out here (the installed vLLM; the visible GPUs and their memory)."""
     installed = find_vllm() if isinstance(vllm, EllipsisType) else vllm
@@ -391,7 +393,10 @@ def run_checks(cfg: plan.ExtractConfig, *, vllm: InstalledVLLM | None | Ellipsis
             break
         if check is check_disk and ctx.layer_ids is None:
             continue
-        results.extend(check(ctx))
+        for result in check(ctx):
+            results.append(result)
+            if on_result is not None:
+                on_result(result)
     return results, ctx
 
 

@@ -19,23 +19,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from eaglewatch.pipeline.preflight import print_table, run_preflight
+    from eaglewatch.pipeline.preflight import print_progress, print_row, print_summary, run_preflight
 
     from eaglewatch.pipeline.preflight.checks import WARN, CheckResult
 
     cfg = plan.ExtractConfig.from_args(args)
+    # Each check's line as it finishes, and a running miniature's stage every few seconds: nothing waits silent.
+    # (--json prints one document at the end.)
+    show = None if args.json else (lambda result: print_row(result, sys.stdout))
+    tick = None if args.json else (lambda stage, elapsed, line: print_progress("miniature", stage, elapsed, line,
+                                                                                sys.stdout))
     try:
         report = run_preflight(cfg, miniature=not args.no_miniature, miniature_samples=args.miniature_samples,
-                               runs_here=False)
+                               runs_here=False, on_result=show, on_tick=tick)
     except OSError as exc:  # a path given that cannot be read (permissions, a loop of links)
         raise UserError(output.describe_os_error(exc)) from None
     writers = describe_writers(cfg.output_path) if cfg.output_path.is_dir() else []
     if writers:
-        report.results.append(CheckResult(
-            "output folder", WARN, f"{cfg.output_path} is being written by {'; '.join(writers)}",
-            "extract refuses a folder another run writes: wait for that run or stop it"))
+        busy = CheckResult("output folder", WARN, f"{cfg.output_path} is being written by {'; '.join(writers)}",
+                           "extract refuses a folder another run writes: wait for that run or stop it")
+        report.results.append(busy)
+        if show is not None:
+            show(busy)
     if args.json:
         print(json.dumps({"passed": report.passed, "results": [r.as_dict() for r in report.results]}, indent=2))
     else:
-        print_table(report, sys.stdout)
+        print_summary(report, sys.stdout)
     return 0 if report.passed else 2

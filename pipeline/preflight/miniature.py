@@ -15,19 +15,15 @@ differs from the target (a wrapper's text backbone, a scheme the CPU build canno
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 from eaglewatch.pipeline.engines import cpu_build_of_vllm
 from eaglewatch.pipeline.engines.cpu_kernels import INT4_LINEAR_OP, CpuKernels, probe_cpu_kernels
-from eaglewatch.pipeline.events import EVENTS_FILE_ENV
 from eaglewatch.pipeline.model_info import ModelInfo
 from eaglewatch.pipeline.plan import ExtractConfig
 from eaglewatch.pipeline.prepared_data import Sample, iter_prepared
@@ -36,6 +32,7 @@ from eaglewatch.pipeline.verify import describe_failure, verify
 
 MINI_LAYERS = 4
 MINI_MAX_TOKENS = 256
+TRACEBACK_CHARS = 3000
 
 
 @dataclass
@@ -162,38 +159,50 @@ def write_mini_data(samples: Iterable[Sample], out: Path, vocab_size: int, count
     return written
 
 
-def run_miniature(cfg: ExtractConfig, info: ModelInfo, layer_ids: list[int], *, samples: int = 4,
-                  workdir: str | None = None, keep: bool = False, timeout_s: float = 600,
-                  data: Iterable[Sample] | None = None,
-                  on_stage: Callable[[str], None] | None = None) -> MiniatureResult:
-    """Build the miniature, extract with it in a subprocess, verify the output.
+@dataclass
+class MiniatureLaunch:
+    """A built miniature, ready to run: its command and what its result lines say about it."""
 
-    ``on_stage`` is told each stage as it starts (``building``, ``extracting``, ``verifying``), so that a watcher
-    can show a minute-long miniature moving.
+    argv: list[str]
+    base: Path
+    engine: str
+    samples: int
+    depth: int
+    mapping: dict[int, int]
+    built: dict[str, Any]
+    summary: str  # what the miniature kept of the target, and where it differs and why
 
-    ``data`` is the run's samples when the caller has read the prepared data already; otherwise the first
-    ``samples`` lines of ``cfg.prepared_data`` are read. Its folder (``workdir``, else a new one in the temporary
-    directory) is removed when the miniature passes, unless ``keep``; after a failure or a warning it stays, and
-    the result names it (``log_path``)."""
-    base = Path(workdir or tempfile.mkdtemp(prefix="eaglewatch-miniature-"))
-    result = _run_miniature(cfg, info, layer_ids, base, samples=samples, timeout_s=timeout_s, data=data,
-                            on_stage=on_stage or (lambda stage: None))
-    if result.status == "pass" and not keep:
-        import shutil
+    @property
+    def where(self) -> str:
+        layer_note = ", ".join(f"{k}->{v}" for k, v in self.mapping.items() if k != v)
+        return f"{self.depth}-layer miniature" + (f" (layer ids mapped {layer_note})" if layer_note else "")
 
-        if workdir is None:
-            shutil.rmtree(base, ignore_errors=True)
-        else:
-            shutil.rmtree(base / "out", ignore_errors=True)  # the caller's folder: the rest is theirs to keep
-        result.log_path = None
-    return result
+    @property
+    def what(self) -> str:
+        return f" [{self.built['platform']}{', eager' if self.built.get('eager') else ''}: {self.summary}]"
 
 
-def _run_miniature(cfg: ExtractConfig, info: ModelInfo, layer_ids: list[int], base: Path, *, samples: int,
-                   timeout_s: float, data: Iterable[Sample] | None,
-                   on_stage: Callable[[str], None]) -> MiniatureResult:
+# A GPU miniature's share of each GPU's memory (vLLM's startup check wants this much free) and its KV cache: the
+# cache is given in bytes, so that vLLM sizes it without profiling the memory, which another engine on the same
+# GPUs (the real load, beside it) would disturb.
+MINI_GPU_SHARE = 0.04
+MINI_GPU_MIN_BYTES = 3 * 1024**3
+MINI_KV_CACHE_BYTES = 256 * 1024**2
+
+
+def mini_gpu_share(total_bytes: int | None) -> float:
+    """The miniature's share of a GPU of ``total_bytes``: 4 %, and at least 3 GiB."""
+    if not total_bytes:
+        return MINI_GPU_SHARE
+    return round(min(0.5, max(MINI_GPU_SHARE, MINI_GPU_MIN_BYTES / total_bytes)), 3)
+
+
+def prepare_miniature(cfg: ExtractConfig, info: ModelInfo, layer_ids: list[int], base: Path, *, samples: int,
+                      data: Iterable[Sample] | None,
+                      gpu_share: float | None = None) -> MiniatureLaunch | MiniatureResult:
+    """Plan and write the miniature and its data into ``base``; its command. A config the factory cannot build
+    comes back as a warning result: the job may well run."""
     started = time.monotonic()
-    on_stage("building")
     depth, mapping = map_layer_ids(layer_ids, info.num_hidden_layers)
     base.mkdir(parents=True, exist_ok=True)
     on_cpu = cfg.engine == "hf" or cpu_build_of_vllm()
@@ -215,9 +224,9 @@ def _run_miniature(cfg: ExtractConfig, info: ModelInfo, layer_ids: list[int], ba
         # The factory's limit, not the user's failure: the job may well run. Say so, and what was still checked.
         return MiniatureResult("warn", f"eaglewatch could not build a miniature of this config "
                                f"({type(exc).__name__}: {exc}); the checks above still ran, the engine path was not "
-                               f"tried at toy size", mapping, time.monotonic() - started, str(base))
-    built = {"platform": plan.platform, "kept": plan.kept, "changed": plan.changed,
-             "quantized": plan.quantization is not None, "dtype": dtype}
+                               f"tried at toy size", mapping, time.monotonic() - started)
+    built: dict[str, Any] = {"platform": plan.platform, "kept": plan.kept, "changed": plan.changed,
+                             "quantized": plan.quantization is not None, "dtype": dtype}
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
     if data is None:
         lines = iter_prepared(cfg.prepared_data)
@@ -233,47 +242,57 @@ def _run_miniature(cfg: ExtractConfig, info: ModelInfo, layer_ids: list[int], ba
             str(base / "out"), "--layer-ids", *map(str, mini_ids), "--max-seq-len", str(MINI_MAX_TOKENS),
             "--batch-size", str(max(n, 1)), "--tp-size", str(cfg.tp_size), "--dtype", dtype, "--force-new"]
     if cfg.engine == "vllm" and not on_cpu:
-        # Eager: engine-path bugs show without torch.compile and CUDA graphs, which cost a minute of warm-up.
-        argv += ["--gpu-memory-utilization", "0.1", "--enforce-eager"]
-        built["eager"] = True
+        # Eager, a small profile run and no autotune: engine-path bugs show without torch.compile, CUDA graphs and
+        # kernel tuning, which cost minutes of warm-up. Its cache is given in bytes (see MINI_KV_CACHE_BYTES).
+        share = gpu_share if gpu_share is not None else MINI_GPU_SHARE
+        argv += ["--gpu-memory-utilization", str(share), "--kv-cache-memory-bytes", str(MINI_KV_CACHE_BYTES),
+                 "--enforce-eager", "--fast-start"]
+        built.update(eager=True, gpu_share=share)
     if cfg.trust_remote_code:
         argv.append("--trust-remote-code")
-    env = {k: v for k, v in os.environ.items() if k != EVENTS_FILE_ENV}  # the miniature's events stay its own
-    log_path = base / "miniature.log"
-    on_stage("extracting")
-    with open(log_path, "wb") as log:
-        try:
-            code = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout_s).returncode
-        except subprocess.TimeoutExpired:
-            code = None
-    elapsed = time.monotonic() - started
-    layer_note = ", ".join(f"{k}->{v}" for k, v in mapping.items() if k != v)
-    where = f"{depth}-layer miniature" + (f" (layer ids mapped {layer_note})" if layer_note else "")
-    # What the miniature kept of the target, and where it differs and why: part of every line it ends with.
-    what = f" [{plan.platform}{', eager' if built.get('eager') else ''}: {plan.summary()}]"
+    return MiniatureLaunch(argv, base, cfg.engine, n, depth, mapping, built, plan.summary())
+
+
+def judge_miniature(launch: MiniatureLaunch, code: int | None, log_path: Path, elapsed: float,
+                    timeout_s: float) -> MiniatureResult:
+    """The engine-path verdict, as soon as the miniature's extract has ended: did it run, and are its files whole."""
+    where, what, built = launch.where, launch.what, dict(launch.built)
     if code is None:
-        return MiniatureResult("fail", f"the {where} did not finish within {timeout_s:.0f} s{what}", mapping,
-                               elapsed, str(log_path), details=built)
+        return MiniatureResult("fail", f"the {where} did not finish within {timeout_s:.0f} s{what}", launch.mapping,
+                               elapsed, details=built)
     if code != 0:
         root = decode_root_cause(log_path)
         summary = root["summary"] if root else f"extract exited with code {code}"
-        return MiniatureResult("fail", f"the {where} failed: {summary}{what}", mapping, elapsed, str(log_path),
-                               root, details=built)
-    on_stage("verifying")
-    report = verify(base / "out", against_hf=1 if cfg.engine == "vllm" else 0)
-    details = {**built, "against_hf": report.against_hf} if report.against_hf else dict(built)
+        if root and root.get("traceback"):
+            built["traceback"] = root.pop("traceback")
+        return MiniatureResult("fail", f"the {where} failed: {summary}{what}", launch.mapping, elapsed,
+                               root_cause=root, details=built)
+    report = verify(launch.base / "out")
     if report.problems or report.missing:
         problem = (report.problems or [f"missing {report.missing[0]}"])[0]
-        return MiniatureResult("fail", f"the {where} wrote bad output: {problem}{what}", mapping, elapsed,
-                               str(log_path), details=details)
+        return MiniatureResult("fail", f"the {where} wrote bad output: {problem}{what}", launch.mapping, elapsed,
+                               details=built)
+    return MiniatureResult("pass", f"the {where} extracted {launch.samples} samples through the real "
+                           f"{launch.engine} path in {elapsed:.0f} s{what}", launch.mapping, elapsed, details=built)
+
+
+def compare_miniature(launch: MiniatureLaunch, verdict: MiniatureResult, elapsed_before: float) -> MiniatureResult:
+    """After a passed verdict: the miniature's output against transformers on one sample (vllm engine only)."""
+    started = time.monotonic()
+    if launch.engine != "vllm":
+        return MiniatureResult("pass", "the transformers engine is the reference itself", launch.mapping,
+                               elapsed_before)
+    report = verify(launch.base / "out", against_hf=1)
+    seconds = elapsed_before + time.monotonic() - started
+    details = {"against_hf": report.against_hf} if report.against_hf else {}
     if report.against_hf and not report.against_hf["passed"]:
         # The layer and its ratio to the floor (HF's own error in that dtype): a largest-difference figure alone
         # cannot tell an engine bug from rounding.
         failure = describe_failure(report.against_hf) or "a layer is beyond its floor"
-        return MiniatureResult("warn", f"the {where} ran, but differs from transformers beyond the noise floor "
-                               f"at {failure}{what}", mapping, elapsed, str(log_path), details=details)
-    return MiniatureResult("pass", f"the {where} extracted {n} samples through the real {cfg.engine} path "
-                           f"in {elapsed:.0f} s{what}", mapping, elapsed, str(log_path), details=details)
+        return MiniatureResult("warn", f"the {launch.where} ran, but differs from transformers beyond the noise "
+                               f"floor at {failure}{launch.what}", launch.mapping, seconds, details=details)
+    return MiniatureResult("pass", f"the {launch.where}'s output agrees with transformers within the noise floor",
+                           launch.mapping, seconds, details=details)
 
 
 def _routed_experts(config: dict[str, Any]) -> int:
@@ -290,5 +309,8 @@ def decode_root_cause(log_path: Path) -> dict[str, Any] | None:
     if not failures:
         return None
     first = failures[0]
+    text = first.first.text or ""
     return {"summary": f"{first.summary} [{first.lanes_label()}]", "exc_type": first.exc_type,
-            "hint": first.hint.title if first.hint else None}
+            "hint": first.hint.title if first.hint else None,
+            # The traceback's end, for a reader without the log (``eaglewatch preflight``'s table).
+            "traceback": text[-TRACEBACK_CHARS:]}

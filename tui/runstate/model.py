@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 
 from eaglewatch import protocol as p
 from eaglewatch.decode import BarUpdate, Decoder, LineEvent
+from eaglewatch.decode.lanes import KIND_MINIATURE, lane_kind
 from eaglewatch.tui.runstate.jobkind import SPECULATORS_DATAGEN, SampleCounts, kind_of_command, sample_counts
 from eaglewatch.tui.messages import (
     Event,
@@ -222,7 +223,7 @@ class RunModel:
         """An INFO line of a logger (vLLM's "Loading weights took ...") while the engine starts: between the shard
         bars and the first sample there can be minutes of profiling and warm-up that only such lines describe."""
         return (line.level == "INFO" and line.source is not None and line.lane != "eaglewatch"
-                and self._phase not in _AFTER_LOADING)
+                and lane_kind(line.lane) != KIND_MINIATURE and self._phase not in _AFTER_LOADING)
 
     def _add_log_line(self, lane: str, level: Optional[str], text: str) -> None:
         self._seq += 1
@@ -558,6 +559,8 @@ class RunModel:
             last = bar.last
             if last.desc.startswith(_EXTRACT_BAR) or sample_counts(last) is not None:
                 continue
+            if lane_kind(bar.lane) == KIND_MINIATURE:
+                continue  # the preflight's miniature loads its own toy shards beside the job: not the job's load
             bars.append(LoadBar(bar.lane, last.desc, last.n, last.total, last.per_second, last.unit,
                                 last.eta_s, last.done))
         return tuple(bars)
