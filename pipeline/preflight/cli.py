@@ -8,6 +8,7 @@ import sys
 
 from eaglewatch.errors import UserError
 from eaglewatch.pipeline import output, plan
+from eaglewatch.pipeline.events import EventLog
 from eaglewatch.pipeline.output_lock import describe_writers
 
 HELP = "check an extraction in seconds (model, layers, TP, data, memory, disk, versions) and run a miniature"
@@ -16,6 +17,8 @@ HELP = "check an extraction in seconds (model, layers, TP, data, memory, disk, v
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     plan.add_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--events", metavar="PATH", help="also append each check and stage as an event (JSON lines, "
+                                                          "with its details: the miniature's stage times) to PATH")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -29,11 +32,15 @@ def run(args: argparse.Namespace) -> int:
     show = None if args.json else (lambda result: print_row(result, sys.stdout))
     tick = None if args.json else (lambda stage, elapsed, line: print_progress("miniature", stage, elapsed, line,
                                                                                 sys.stdout))
+    events = EventLog(args.events, echo=None, include_env=False) if args.events else None
     try:
-        report = run_preflight(cfg, miniature=not args.no_miniature, miniature_samples=args.miniature_samples,
+        report = run_preflight(cfg, events, miniature=not args.no_miniature, miniature_samples=args.miniature_samples,
                                runs_here=False, on_result=show, on_tick=tick)
     except OSError as exc:  # a path given that cannot be read (permissions, a loop of links)
         raise UserError(output.describe_os_error(exc)) from None
+    finally:
+        if events is not None:
+            events.close()
     writers = describe_writers(cfg.output_path) if cfg.output_path.is_dir() else []
     if writers:
         busy = CheckResult("output folder", WARN, f"{cfg.output_path} is being written by {'; '.join(writers)}",

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The miniature's first sign, and its cost beside a healthy job, on a real GPU (an H200 with vLLM 0.26 in
+# /tmp/site, see bench/gpu_wheels.sh):
+#
+#   signs:  the Kimi-K2.5 INT4 config through `eaglewatch preflight` on a host where vLLM never ran (a fresh HOME:
+#           no vLLM, Triton, FlashInfer or CUDA caches), then bare vLLM's own first start of the same miniature
+#           (bench/write_miniature.py; another fresh HOME), then the preflight again with the first HOME's caches
+#           warm. Each through bench/first_sign.py or bench/bare_vllm_start.py: seconds from the launch.
+#   job:    a DeepSeek-V3-like INT4 model at the real width (hidden 7168), extracted with default flags three times:
+#           --no-miniature to warm up, then --no-miniature and with the miniature (auto: beside the load), timed.
+#
+#   OUT=/some/dir bash bench/gpu_first_sign_run.sh signs|job
+#
+# Results in $OUT: one log per step, steps.tsv (step, exit code, seconds), *.json from the timers, the preflight
+# events (stage times and vLLM's own timing lines), summary.txt.
+set -u
+PART=${1:?usage: OUT=DIR $0 signs|job}
+OUT=${OUT:?set OUT to the results folder}
+W=${WORKDIR:-/tmp/fs}
+DEADLINE_S=${DEADLINE_S:-560}
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+mkdir -p "$OUT" "$W"
+T_HALF=$(date +%s)
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 VLLM_WORKER_MULTIPROC_METHOD=spawn
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+LAYOUT=/tmp/ew
+rm -rf "$LAYOUT" && mkdir -p "$LAYOUT" && cp -rL "$REPO/eaglewatch" "$LAYOUT/"
+export PYTHONPATH=$LAYOUT:/tmp/site
+cd "$W"
+EW=(python3 -m eaglewatch)
+say() { echo "[first-sign $PART +$(( $(date +%s) - T_HALF ))s] $*" | tee -a "$OUT/console.txt"; }
+# shellcheck source=bench/gpu_steps.sh
+. "$REPO/bench/gpu_steps.sh"
+# A host where nothing ran yet: every cache under a HOME of its own.
+fresh_home() { rm -rf "$1"; mkdir -p "$1"; echo "HOME=$1 XDG_CACHE_HOME=$1/.cache VLLM_CACHE_ROOT=$1/.cache/vllm TRITON_CACHE_DIR=$1/.triton FLASHINFER_WORKSPACE_BASE=$1"; }
+cold_ours=$(fresh_home "$W/home-ours") cold_bare=$(fresh_home "$W/home-bare")
+
+if [ ! -e "$W/data.jsonl" ]; then
+    step prepare-data 120 bash -c 'set -e; python3 -m eaglewatch make-tiny-model --arch llama --out "$0/tok" \
+        --shards 1; python3 -m eaglewatch prepare --model-path "$0/tok" --output "$0/data.jsonl" --max-length 1024 \
+        --input "$(python3 -c "from eaglewatch.assets import SAMPLE_CHAT_DATA as d; print(d)")"' "$W" ||
+        { say "no prepared data; stopping"; exit 1; }
+fi
+
+signs() {
+    mkdir -p "$W/kimi-int4"
+    cp "$REPO/tests/fixtures/configs/kimi_k25_config.json" "$W/kimi-int4/config.json"
+    # Preflight wants a model folder with weights: one placeholder tensor stands in for the 1T parameters.
+    python3 -c "import torch, sys; from safetensors.torch import save_file; save_file({'placeholder': torch.zeros(8, dtype=torch.bfloat16)}, sys.argv[1], metadata={'format': 'pt'})" "$W/kimi-int4/model.safetensors"
+    local pre=(preflight --engine vllm --model-path "$W/kimi-int4" --prepared-data "$W/data.jsonl"
+               --output-dir "$W/out-kimi" --layer-ids 2 30 58 61)
+    step ours-cold 300 env $cold_ours python3 "$REPO/bench/first_sign.py" "$OUT/ours-cold.json" -- "${EW[@]}" \
+        "${pre[@]}" --events "$OUT/ours-cold.events.jsonl"
+    step write-miniature 60 python3 "$REPO/bench/write_miniature.py" "$W/kimi-int4" "$W/mini"
+    step bare-cold 300 env $cold_bare python3 "$REPO/bench/bare_vllm_start.py" "$W/mini" "$OUT/bare-cold.json"
+    step ours-warm 200 env $cold_ours python3 "$REPO/bench/first_sign.py" "$OUT/ours-warm.json" -- "${EW[@]}" \
+        "${pre[@]}" --events "$OUT/ours-warm.events.jsonl"
+    step bare-warm 200 env $cold_bare python3 "$REPO/bench/bare_vllm_start.py" "$W/mini" "$OUT/bare-warm.json"
+}
+
+job() {
+    local model="$W/job-model"
+    if [ ! -e "$model/config.json" ]; then
+        step job-make 200 "${EW[@]}" make-tiny-model --like "$REPO/bench/configs/deepseek_v3.json" --out "$model" \
+            --shards 8 --layers 6 --hidden-size 7168 --platform gpu --dtype bfloat16 --quantization int4 || return
+    fi
+    du -sh "$model" | tee -a "$OUT/console.txt"
+    local run=(extract --model-path "$model" --prepared-data "$W/data.jsonl" --layer-ids 1 3 6 --force-new)
+    step job-warmup 200 env $cold_ours "${EW[@]}" "${run[@]}" --output-dir "$W/out-job" --no-miniature
+    for kind in no-miniature beside; do
+        local flag=--no-miniature; [ "$kind" = beside ] && flag=
+        step "job-$kind" 200 env $cold_ours "${EW[@]}" "${run[@]}" --output-dir "$W/out-job" $flag
+        grep -h -E 'miniature|phase: done|phase: failed' "$OUT/job-$kind.log" | cut -c1-300 >> "$OUT/summary.txt"
+    done
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >> "$OUT/console.txt" 2>&1
+"$PART"
+cat "$OUT/steps.tsv"
