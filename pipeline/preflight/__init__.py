@@ -82,7 +82,7 @@ def start_miniature(cfg: ExtractConfig, report: PreflightReport, ctx: Context, e
 
     data = shard_for_rank(ctx.data.samples, cfg.rank, cfg.world_size) if ctx.data is not None else None
     return MiniatureRun(cfg, ctx.info, ctx.layer_ids, samples=samples, data=data, gpu_share=gpu_share, lane=lane,
-                        on_stage=_stage_reporter(events, "miniature"), on_tick=on_tick, on_result=told,
+                        on_stage=_stage_reporter(events), on_tick=on_tick, on_result=told,
                         workdir=workdir).start()
 
 
@@ -134,14 +134,15 @@ def _json_safe(value: Any) -> Any:
     return str(value)
 
 
-def _stage_reporter(events: Any | None, name: str) -> Callable[[str], None]:
+def _stage_reporter(events: Any | None) -> Callable[[str, str], None]:
     """What a long check calls as each stage starts: a ``check_stage`` event, and a line in the run's log."""
-    started = time.monotonic()
+    started: dict[str, float] = {}
 
-    def report(stage: str) -> None:
+    def report(name: str, stage: str) -> None:
+        began = started.setdefault(name, time.monotonic())
         if events is None:
             return
-        elapsed = round(time.monotonic() - started, 1)
+        elapsed = round(time.monotonic() - began, 1)
         events.emit(protocol.EVENT_CHECK_STAGE, name=name, stage=stage, elapsed_s=elapsed)
         say = getattr(events, "say", None)
         if say is not None:

@@ -279,9 +279,6 @@ def judge_miniature(launch: MiniatureLaunch, code: int | None, log_path: Path, e
 def compare_miniature(launch: MiniatureLaunch, verdict: MiniatureResult, elapsed_before: float) -> MiniatureResult:
     """After a passed verdict: the miniature's output against transformers on one sample (vllm engine only)."""
     started = time.monotonic()
-    if launch.engine != "vllm":
-        return MiniatureResult("pass", "the transformers engine is the reference itself", launch.mapping,
-                               elapsed_before)
     report = verify(launch.base / "out", against_hf=1)
     seconds = elapsed_before + time.monotonic() - started
     details = {"against_hf": report.against_hf} if report.against_hf else {}

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from eaglewatch.pipeline import proctree
+from eaglewatch.protocol import COMPARISON_STAGE
 from eaglewatch.pipeline.events import EVENTS_FILE_ENV
 from eaglewatch.pipeline.model_info import ModelInfo
 from eaglewatch.pipeline.plan import ExtractConfig
@@ -41,6 +42,7 @@ from eaglewatch.pipeline.preflight.miniature import (
 )
 
 FOLDER_PREFIX = "eaglewatch-miniature-"
+COMPARISON = "miniature vs transformers"  # the check that follows a passed verdict
 TICK_S = 5.0  # how often on_tick hears how a stage goes
 
 # (a line of the miniature's output, the stage that begins there): its own phase lines.
@@ -101,14 +103,15 @@ class MiniatureRun:
 
     def __init__(self, cfg: ExtractConfig, info: ModelInfo, layer_ids: list[int], *, samples: int = 4,
                  data: Iterable[Sample] | None = None, timeout_s: float = 600, gpu_share: float | None = None,
-                 lane: Callable[[bytes], None] | None = None, on_stage: Callable[[str], None] | None = None,
+                 lane: Callable[[bytes], None] | None = None,
+                 on_stage: Callable[[str, str], None] | None = None,
                  on_tick: Callable[[str, float, str], None] | None = None,
                  on_result: Callable[[str, MiniatureResult], None] | None = None, compare: bool = True,
                  workdir: str | Path | None = None) -> None:
         self.cfg, self.info, self.layer_ids = cfg, info, layer_ids
         self.samples, self.data, self.timeout_s, self.gpu_share = samples, data, timeout_s, gpu_share
         self.lane, self.compare = lane, compare
-        self.on_stage = on_stage or (lambda stage: None)
+        self.on_stage = on_stage or (lambda name, stage: None)  # (check name, stage)
         self.on_tick = on_tick
         self.on_result = on_result or (lambda name, result: None)
         self._workdir = Path(workdir) if workdir is not None else None
@@ -180,7 +183,7 @@ class MiniatureRun:
 
         def stage(name: str) -> None:
             marks.append((name, time.monotonic() - self._started))
-            self.on_stage(name)
+            self.on_stage("miniature", name)
 
         stage("building")
         launch = prepare_miniature(self.cfg, self.info, self.layer_ids, base, samples=self.samples, data=self.data,
@@ -199,12 +202,12 @@ class MiniatureRun:
         if timings:
             verdict.details["engine_timings"] = timings
         self._give_verdict(verdict)
-        if verdict.status != "pass" or not self.compare or self._stop.is_set():
-            return
-        stage("comparing with transformers")
+        if verdict.status != "pass" or not self.compare or launch.engine != "vllm" or self._stop.is_set():
+            return  # the transformers engine is the reference itself
+        self.on_stage(COMPARISON, COMPARISON_STAGE)
         comparison = compare_miniature(launch, verdict, time.monotonic() - self._started)
         self.comparison = comparison
-        self.on_result("miniature vs transformers", comparison)
+        self.on_result(COMPARISON, comparison)
 
     def _give_verdict(self, verdict: MiniatureResult) -> None:
         self.verdict = verdict
@@ -281,8 +284,9 @@ def run_miniature(cfg: ExtractConfig, info: ModelInfo, layer_ids: list[int], *, 
                   on_stage: Callable[[str], None] | None = None) -> MiniatureResult:
     """The miniature start to end, as one result: the verdict, or the comparison's word where the engine path ran
     and its output differs from transformers (a warning)."""
-    run = MiniatureRun(cfg, info, layer_ids, samples=samples, data=data, timeout_s=timeout_s, on_stage=on_stage,
-                       workdir=workdir).start()
+    told = on_stage or (lambda stage: None)
+    run = MiniatureRun(cfg, info, layer_ids, samples=samples, data=data, timeout_s=timeout_s,
+                       on_stage=lambda name, stage: told(stage), workdir=workdir).start()
     run.wait()
     verdict = run.verdict
     assert verdict is not None
