@@ -286,7 +286,8 @@ def run_miniature(cfg: ExtractConfig, info: ModelInfo, layer_ids: list[int], *, 
     and its output differs from transformers (a warning)."""
     told = on_stage or (lambda stage: None)
     run = MiniatureRun(cfg, info, layer_ids, samples=samples, data=data, timeout_s=timeout_s,
-                       on_stage=lambda name, stage: told(stage), workdir=workdir).start()
+                       on_stage=lambda name, stage: told(stage) if name == "miniature" else None,
+                       workdir=workdir).start()
     run.wait()
     verdict = run.verdict
     assert verdict is not None
