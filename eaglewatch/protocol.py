@@ -47,7 +47,7 @@ CHECK_STATUSES = (CHECK_PASS, CHECK_WARN, CHECK_FAIL)
 # that a reader of check events sees results only: name (the check's), stage (one of MINIATURE_STAGES), elapsed_s
 # (since the check began). The check's result, an EVENT_CHECK of the same name, follows.
 EVENT_CHECK_STAGE = "check_stage"
-MINIATURE_STAGES = ("building", "starting", "loading the engine", "extracting")
+MINIATURE_STAGES = ("planning", "starting", "building", "loading the engine", "extracting")
 # The stage of the check "miniature vs transformers", which follows a passed miniature on the vllm engine.
 COMPARISON_STAGE = "comparing with transformers"
 

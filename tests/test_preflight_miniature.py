@@ -80,7 +80,7 @@ def test_kimi_like_miniature_runs_on_the_vllm_cpu_engine(prepared_data, tmp_path
     stages: list[str] = []
     result = run_miniature(cfg, info, [2, 30, 58, 61], workdir=str(tmp_path / "work"), on_stage=stages.append)
     assert result.status in ("pass", "warn"), result.reason
-    assert stages == ["building", "starting", "loading the engine", "extracting"]
+    assert stages == ["planning", "starting", "building", "loading the engine", "extracting"]
     assert "layer ids mapped 2->1, 30->2, 58->3" in result.reason
     # The line says what the miniature kept and where the CPU build differs from the target.
     assert "MLA 128/64/128 kv_lora_rank 512 with q_lora" in result.reason

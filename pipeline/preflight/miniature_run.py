@@ -47,6 +47,7 @@ TICK_S = 5.0  # how often on_tick hears how a stage goes
 
 # (a line of the miniature's output, the stage that begins there): its own phase lines.
 STAGES: tuple[tuple[re.Pattern[bytes], str], ...] = (
+    (re.compile(rb"\[eaglewatch\] miniature: building"), "building"),
     (re.compile(rb"\[eaglewatch\] phase: loading"), "loading the engine"),
     (re.compile(rb"\[eaglewatch\] phase: extracting"), "extracting"),
 )
@@ -185,7 +186,7 @@ class MiniatureRun:
             marks.append((name, time.monotonic() - self._started))
             self.on_stage("miniature", name)
 
-        stage("building")
+        stage("planning")
         launch = prepare_miniature(self.cfg, self.info, self.layer_ids, base, samples=self.samples, data=self.data,
                                    gpu_share=self.gpu_share)
         if isinstance(launch, MiniatureResult):  # the factory could not build it: a warning
