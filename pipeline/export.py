@@ -138,12 +138,20 @@ def _rows(folder: Path, prepared: Path, max_seq_len: int | None) -> Iterator[tup
         path = output.sample_path(folder, sample.id)
         if not path.exists():
             continue
-        stored = output.stored_sample_hash(path, output.read_header(path))
+        try:
+            stored = output.stored_sample_hash(path, output.read_header(path))
+        except (OSError, ValueError) as exc:
+            raise UserError(_damaged(path, folder, exc)) from None
         ids, mask = sample.input_ids[:max_seq_len], sample.loss_mask[:max_seq_len]
         if stored is not None and stored != output.sample_hash(ids, mask):
             raise UserError(f"{path.name} holds other tokens than sample {sample.id} at line {sample.line_no} of "
                             f"{prepared}: export with the prepared data this folder was extracted from")
         yield sample.id, path
+
+
+def _damaged(path: Path, folder: Path, exc: BaseException) -> str:
+    return (f"{path.name} cannot be read ({type(exc).__name__}: {exc}); `eaglewatch verify {folder}` lists every "
+            "damaged file")
 
 
 def vocab_mapping(token_freq: dict[int, int], draft_vocab_size: int, verifier_vocab_size: int) -> tuple[Any, Any]:
@@ -206,15 +214,20 @@ def export_speculators(folder: str | Path, *, prepared_data: str | Path | None =
         if verifier_vocab_size is None:
             raise UserError("cannot read the verifier's vocab_size from the model folder the manifest names: "
                             "pass --verifier-vocab-size")
+        if not 0 < draft_vocab_size <= verifier_vocab_size:  # before anything is built, not after
+            raise UserError(f"--draft-vocab-size must be between 1 and the verifier's vocabulary "
+                            f"({verifier_vocab_size}), not {draft_vocab_size}")
     storages = sorted({str(output.identity_value(m, "storage")) for m in manifests})
     if len(storages) > 1:
         raise UserError(f"the manifests in this folder disagree on storage: {storages}")
     storage = storages[0]
     max_seq_len = _agreed(manifests, "max_seq_len")
     _check_view_folder(folder)
-    # Everything checked, nothing written yet: a refused export leaves the folder as it was.
+    # Everything checked, nothing written yet: a refused export leaves the folder as it was. The new view is
+    # built whole in a work folder beside the old one, which stays until the new one is ready (a failure on the
+    # way leaves it as it was): then the old one goes, record first, and the new one moves in, record last.
     with _export_lock(folder):
-        clear_view(folder)
+        _remove_leftovers(folder)
         work = Path(tempfile.mkdtemp(prefix=WORK_PREFIX, dir=folder))
         try:
             return _write(folder, work, prepared, layer_ids, num_layers, draft_vocab_size, verifier_vocab_size,
@@ -300,9 +313,12 @@ def _write(folder: Path, work: Path, prepared: Path, layer_ids: list[int], num_l
     def generate() -> Iterator[dict[str, Any]]:
         nonlocal rows, tokens
         for sample_id, path in _rows(folder, prepared, max_seq_len):
-            with safe_open(str(path), framework="pt") as f:
-                ids = f.get_tensor("token_ids").to(torch.int64)
-                mask = f.get_tensor("loss_mask").to(torch.int64)
+            try:
+                with safe_open(str(path), framework="pt") as f:
+                    ids = f.get_tensor("token_ids").to(torch.int64)
+                    mask = f.get_tensor("loss_mask").to(torch.int64)
+            except Exception as exc:  # a damaged file: name it; the view in place (if any) stays as it was
+                raise UserError(_damaged(path, folder, exc)) from None
             masked = ids[mask.bool()].tolist()
             freq.update(masked)
             os.symlink(os.path.join("..", path.name), links / f"hs_{rows}.safetensors")
@@ -347,7 +363,10 @@ def _write(folder: Path, work: Path, prepared: Path, layer_ids: list[int], num_l
               "extractions": _extractions(manifests), "sample_ids": row_ids}
     (work / EXPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n")
     written.append(EXPORT_RECORD)
-    # Into place: the dataset's files, the links, the vocabulary files, the record last (it says the export is whole).
+    # Built whole: the old view goes (its record first, so that a crash from here on leaves no view that claims to
+    # be whole), then into place: the dataset's files, the links, the vocabulary files, the record last (it says
+    # the export is whole).
+    clear_view(folder, keep=work)
     for item in sorted((work / "dataset").iterdir()):
         os.replace(item, folder / item.name)
         report.files.append(item.name)
@@ -370,13 +389,20 @@ def _check_view_folder(folder: Path) -> None:
                             f"{foreign[0].name}); move it away before exporting")
 
 
-def clear_view(folder: Path) -> None:
-    """Remove what an earlier export wrote (and a killed one's work folder); refuse to touch a ``hidden_states/``
-    that holds more than links. Called with the export lock held, or by the folder's only writer."""
-    _check_view_folder(folder)
+def _remove_leftovers(folder: Path, keep: Path | None = None) -> None:
+    """A killed export's work folders (not ``keep``, this export's own)."""
     for leftover in folder.glob(WORK_PREFIX + "*"):
-        if leftover.is_dir() and not leftover.is_symlink():
+        if leftover != keep and leftover.is_dir() and not leftover.is_symlink():
             shutil.rmtree(leftover, ignore_errors=True)
+
+
+def clear_view(folder: Path, keep: Path | None = None) -> None:
+    """Remove what an earlier export wrote (and a killed one's work folder, not ``keep``), its record first;
+    refuse to touch a ``hidden_states/`` that holds more than links. Called with the export lock held, or by the
+    folder's only writer."""
+    _check_view_folder(folder)
+    (folder / EXPORT_RECORD).unlink(missing_ok=True)
+    _remove_leftovers(folder, keep)
     links = folder / HIDDEN_STATES_DIR
     if links.is_dir():
         shutil.rmtree(links)

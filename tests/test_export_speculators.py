@@ -168,3 +168,30 @@ def test_vocab_mapping_tops_up_with_lowest_unused_ids():
     assert (d2t + range(5)).tolist() == [0, 1, 3, 7, 9]
     d2t, t2d = vocab_mapping({7: 5, 3: 5, 9: 1}, draft_vocab_size=2, verifier_vocab_size=12)
     assert t2d.nonzero()[0].tolist() == [3, 7]
+
+
+def _snapshot(folder: Path) -> dict[str, tuple]:
+    """Every entry under ``folder``: its kind, size and modification time, or a link's target."""
+    out = {}
+    for path in sorted(folder.rglob("*")):
+        st = path.lstat()
+        out[str(path.relative_to(folder))] = (os.readlink(path),) if path.is_symlink() else (
+            path.is_dir(), st.st_size, st.st_mtime_ns)
+    return out
+
+
+def test_a_failed_export_leaves_the_view_there_as_it_was(exported):
+    """The new view is built beside the old one: a refusal, or a failure half-way, loses nothing."""
+    before = _snapshot(exported)
+    too_big = export(exported, "--draft-vocab-size", "99999")
+    assert too_big.returncode == 2 and too_big.stderr.count("\n") == 1, too_big.stderr
+    assert "--draft-vocab-size must be between 1 and the verifier's vocabulary" in too_big.stderr
+    assert _snapshot(exported) == before
+    # A sample file damaged after the view was written: the export stops at it, naming it, half-way through.
+    damaged = sorted(exported.glob("hs_*.safetensors"))[-1]
+    damaged.write_bytes(damaged.read_bytes()[:100])
+    before = _snapshot(exported)
+    failed = export(exported, "--draft-vocab-size", "32")
+    assert failed.returncode == 2 and "Traceback" not in failed.stderr, failed.stderr
+    assert f"{damaged.name} cannot be read" in failed.stderr
+    assert _snapshot(exported) == before
