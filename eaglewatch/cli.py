@@ -16,6 +16,7 @@ from typing import Sequence
 
 from eaglewatch import __version__
 from eaglewatch.errors import UserError
+from eaglewatch.safetext import SafeTextIO, safe_text
 
 COMMANDS: dict[str, str] = {
     "prepare": "eaglewatch.pipeline.prepare",
@@ -35,6 +36,14 @@ COMMANDS: dict[str, str] = {
     "agent": "eaglewatch.pipeline.agent.cli",
     "dashboard": "eaglewatch.tui.app.cli",
 }
+
+
+# The commands that print what outside files hold (file and folder names, config and manifest fields, log lines)
+# as plain lines: their stdout and stderr pass every write through the one gate (safetext.SafeTextIO). Not gated:
+# the dashboard and its commands (Textual draws the screen), attach (bytes through TerminalStream), the agent (its
+# stdout is a protocol channel), extract and prepare (their stderr is a job's log, with progress bars' \r that the
+# decoder reads; their own lines go through safe_text where they quote outside data).
+GATED = frozenset({"verify", "export", "preflight", "decode", "runs", "stop", "restart", "make-tiny-model"})
 
 
 def _load(name: str) -> ModuleType:
@@ -73,6 +82,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         # `eaglewatch HOST [RUN]`: the dashboard on that host.
         argv = ["dashboard", *argv]
     chosen = argv[0] if argv and argv[0] in COMMANDS else None
+    if chosen in GATED:
+        saved = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = SafeTextIO(sys.stdout), SafeTextIO(sys.stderr)
+        try:
+            return _main(argv, chosen)
+        finally:
+            sys.stdout, sys.stderr = saved
+    return _main(argv, chosen)
+
+
+def _main(argv: list[str], chosen: str | None) -> int:
     parser = build_parser(only=chosen)
     args = parser.parse_args(argv)
     if getattr(args, "_module", None) is None:
@@ -81,7 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args._module.run(args) or 0)
     except UserError as exc:
-        print(f"eaglewatch {args.command}: error: {exc}", file=sys.stderr)
+        # Error text quotes paths, config fields and engine output: through the gate, whatever the command.
+        print(f"eaglewatch {args.command}: error: {safe_text(exc, keep=chr(10))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"eaglewatch {args.command}: interrupted", file=sys.stderr)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import codecs
 import re
 from functools import lru_cache
+from typing import Any
 
 ESC_SHOWN = "\u241b"  # ␛ SYMBOL FOR ESCAPE
 KEEPABLE = "\n\r\t"
@@ -112,4 +113,26 @@ class TerminalStream:
         return "".join(out).encode("utf-8")
 
 
-__all__ = ["ESC_SHOWN", "TerminalStream", "safe_text"]
+class SafeTextIO:
+    """A text stream (``sys.stdout``, ``sys.stderr``) whose every write goes through :func:`safe_text`, keeping
+    ``\n`` and ``\t``: the gate the CLI puts in front of the commands that print what files, configs, manifests
+    and logs hold (``cli.GATED``). What a command forgot to pass through ``safe_text`` itself is still made safe."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(safe_text(text, keep="\n\t"))
+        return len(text)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:  # flush, fileno, isatty, encoding, ...
+        if name == "buffer":  # bytes would pass the gate: a command that writes bytes is not gated
+            raise AttributeError("a gated stream has no byte buffer")
+        return getattr(self._stream, name)
+
+
+__all__ = ["ESC_SHOWN", "SafeTextIO", "TerminalStream", "safe_text"]

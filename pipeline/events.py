@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from eaglewatch import protocol
+from eaglewatch.safetext import safe_text
 
 EVENTS_FILE_ENV = "EAGLEWATCH_EVENTS_FILE"
 
@@ -64,7 +65,8 @@ class EventLog:
 
     def say(self, message: str) -> None:
         if self._echo is not None:
-            print(f"[eaglewatch] {message}", file=self._echo, flush=True)
+            # Messages quote paths and config fields: a job run in a terminal shows them through the gate too.
+            print(f"[eaglewatch] {safe_text(message)}", file=self._echo, flush=True)
 
     def close(self) -> None:
         for f in self._files:

@@ -33,6 +33,10 @@ from eaglewatch.pipeline.verify import describe_failure, verify
 
 MINI_LAYERS = 4
 MINI_MAX_TOKENS = 256
+# The miniature's process (pipeline/miniature_child.py): its exit codes apart from extract's, and its data files.
+BUILD_FAILED = 90  # the factory could not build this config: a warning, not the job's failure
+BAD_OUTPUT = 91  # it ran, but its files are not whole
+DATA_RAW, DATA = "data-raw.jsonl", "data.jsonl"  # the samples as the parent wrote them; folded into the vocabulary
 TRACEBACK_CHARS = 3000
 
 
@@ -203,10 +207,8 @@ def prepare_miniature(cfg: ExtractConfig, info: ModelInfo, layer_ids: list[int],
                       data: Iterable[Sample] | None,
                       gpu_share: float | None = None) -> MiniatureLaunch | MiniatureResult:
     """Plan the miniature and write what its process needs into ``base``: the plan, the extract arguments, the
-    samples (``miniature_child`` builds the model and runs it, importing torch and vLLM once). A config the
-    planner cannot shrink comes back as a warning result: the job may well run."""
-    from eaglewatch.pipeline.preflight import miniature_child as child
-
+    samples (``pipeline/miniature_child.py`` builds the model and runs it, importing torch and vLLM once). A config
+    the planner cannot shrink comes back as a warning result: the job may well run."""
     started = time.monotonic()
     depth, mapping = map_layer_ids(layer_ids, info.num_hidden_layers)
     base.mkdir(parents=True, exist_ok=True)
@@ -231,14 +233,14 @@ def prepare_miniature(cfg: ExtractConfig, info: ModelInfo, layer_ids: list[int],
     if data is None:
         lines = iter_prepared(cfg.prepared_data)
         try:
-            n = write_mini_data(lines, base / child.DATA_RAW, None, samples)
+            n = write_mini_data(lines, base / DATA_RAW, None, samples)
         finally:
             lines.close()
     else:
-        n = write_mini_data(data, base / child.DATA_RAW, None, samples)
+        n = write_mini_data(data, base / DATA_RAW, None, samples)
     mini_ids = [mapping[k] for k in layer_ids]
     extract = ["extract", "--no-preflight", "--engine", cfg.engine, "--model-path", str(base / "model"),
-               "--prepared-data", str(base / child.DATA), "--output-dir", str(base / "out"), "--layer-ids",
+               "--prepared-data", str(base / DATA), "--output-dir", str(base / "out"), "--layer-ids",
                *map(str, mini_ids), "--max-seq-len", str(MINI_MAX_TOKENS), "--batch-size", str(max(n, 1)),
                "--tp-size", str(cfg.tp_size), "--dtype", dtype, "--force-new"]
     if cfg.engine == "vllm" and not on_cpu:
@@ -255,7 +257,7 @@ def prepare_miniature(cfg: ExtractConfig, info: ModelInfo, layer_ids: list[int],
     spec = {"base": str(base), "config": plan.config, "quantization": plan.quantization, "dtype": dtype,
             "extract": extract}
     (base / "spec.json").write_text(json.dumps(spec))
-    argv = [sys.executable, "-m", "eaglewatch.pipeline.preflight.miniature_child", str(base / "spec.json")]
+    argv = [sys.executable, "-m", "eaglewatch.pipeline.miniature_child", str(base / "spec.json")]
     return MiniatureLaunch(argv, base, cfg.engine, n, depth, mapping, built, plan.summary())
 
 
@@ -273,16 +275,14 @@ _BAD_OUTPUT = re.compile(r"\[eaglewatch\] miniature: bad output: (.*)")
 def judge_miniature(launch: MiniatureLaunch, code: int | None, log_path: Path, elapsed: float,
                     timeout_s: float) -> MiniatureResult:
     """The engine-path verdict, as soon as the miniature's process has ended: did it run, and are its files whole."""
-    from eaglewatch.pipeline.preflight import miniature_child as child
-
     where, what, built = launch.where, launch.what, dict(launch.built)
     if code is None:
         return MiniatureResult("fail", f"the {where} did not finish within {timeout_s:.0f} s{what}", launch.mapping,
                                elapsed, details=built)
-    if code == child.BUILD_FAILED:
+    if code == BUILD_FAILED:
         found = _last_match(_NOT_BUILT, log_path)
         return _not_built(found or "the factory stopped", launch.mapping, elapsed)
-    if code == child.BAD_OUTPUT:
+    if code == BAD_OUTPUT:
         problem = _last_match(_BAD_OUTPUT, log_path) or "its files are not whole"
         return MiniatureResult("fail", f"the {where} wrote bad output: {problem}{what}", launch.mapping, elapsed,
                                details=built)

@@ -5,7 +5,7 @@ most of the miniature's minute, and the process that runs ``eaglewatch preflight
 for the miniature's sake. Its engine core runs in this process too (on a GPU, ``--no-engine-core-process``): the same
 engine code, without a second process importing it all again.
 
-    python -m eaglewatch.pipeline.preflight.miniature_child SPEC.json
+    python -m eaglewatch.pipeline.miniature_child SPEC.json
 
 SPEC.json (written by ``miniature.prepare_miniature``): the folder, the planned config and quantization, the dtype,
 and the ``eaglewatch extract`` arguments. The exit code is the verdict's input: 0, extract's own code, or
@@ -18,9 +18,9 @@ import json
 import sys
 from pathlib import Path
 
-BUILD_FAILED = 90
-BAD_OUTPUT = 91
-DATA_RAW, DATA = "data-raw.jsonl", "data.jsonl"
+from eaglewatch.pipeline.preflight.miniature import BAD_OUTPUT, BUILD_FAILED, DATA, DATA_RAW
+
+# (This module is beside extract, not in preflight, which extract imports: it runs extract in itself.)
 
 
 def fold_data(base: Path, vocab_size: int) -> None:
@@ -45,9 +45,7 @@ def main(argv: list[str]) -> int:
         print(f"[eaglewatch] miniature: could not build: {type(exc).__name__}: {exc}", flush=True)
         return BUILD_FAILED
     fold_data(base, json.loads((model / "config.json").read_text())["vocab_size"])
-    from eaglewatch.cli import main as eaglewatch
-
-    code = eaglewatch(spec["extract"])
+    code = _extract(spec["extract"][1:])
     if code:
         return code
     from eaglewatch.pipeline.verify import verify
@@ -59,6 +57,22 @@ def main(argv: list[str]) -> int:
         print(f"[eaglewatch] miniature: bad output: {problem}", flush=True)
         return BAD_OUTPUT
     return 0
+
+
+def _extract(argv: list[str]) -> int:
+    """``eaglewatch extract ARGV`` in this process (as the CLI runs it: a UserError is one line and its code)."""
+    import argparse
+
+    from eaglewatch.errors import UserError
+    from eaglewatch.pipeline import extract
+
+    parser = argparse.ArgumentParser(prog="eaglewatch extract")
+    extract.add_arguments(parser)
+    try:
+        return int(extract.run(parser.parse_args(argv)) or 0)
+    except UserError as exc:
+        print(f"eaglewatch extract: error: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_code
 
 
 if __name__ == "__main__":
