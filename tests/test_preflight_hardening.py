@@ -37,7 +37,8 @@ def test_a_miniature_that_times_out_is_stopped_and_leaves_nothing(tmp_path, tiny
     cfg = ExtractConfig(model_path=str(tiny_llama), prepared_data=str(prepared_data), output_dir=str(tmp_path / "o"),
                         engine="hf", max_seq_len=512)
     result = run_miniature(cfg, mi.load_model_info(tiny_llama), [1, 2, 4], timeout_s=0.01)
-    assert result.status == "fail" and "did not finish within" in result.reason
+    # A miniature that could not finish checked nothing: a warning, never a failure that stops a real load.
+    assert result.status == "warn" and "did not finish within" in result.reason
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("eaglewatch-miniature-")]
 
 
