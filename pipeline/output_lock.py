@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglewatch.errors import UserError
+from eaglewatch.pipeline.proctree import alive
 
 FOLDER_LOCK = ".eaglewatch.lock"
 # How long a refused run waits for a holder that has just taken the lock to write who it is.
@@ -49,7 +50,7 @@ class Holder:
 
     def describe(self) -> str:
         who = f"pid {self.pid}" if self.pid is not None else "another process"
-        if self.pid is not None and self.host == socket.gethostname() and not _alive(self.pid):
+        if self.pid is not None and self.host == socket.gethostname() and not alive(self.pid):
             who += " (gone; a process it started still holds the lock)"
         when = (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started_at))
                 if self.started_at is not None else "an unknown time")
@@ -58,14 +59,6 @@ class Holder:
         return f"{rank}{who} on {self.host or 'an unknown host'} since {when} (command: {command or '?'})"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _this_command() -> str:

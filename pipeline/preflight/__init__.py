@@ -178,10 +178,14 @@ def print_progress(name: str, stage: str, elapsed: float, last_line: str, out: T
     """A running check's line: its stage, how long it has run, and the last thing its engine said."""
     from eaglewatch.safetext import safe_text
 
+    import shutil
+
+    head = f"  [....] {name:<{NAME_WIDTH}}  {stage}, {elapsed:.0f} s"
+    # One row on the terminal (an 80-column one too); a log that is not a terminal gets up to 120 columns.
+    room = max(20, shutil.get_terminal_size((120, 24)).columns - len(head) - 3)
     said = safe_text(last_line)
-    said = said if len(said) <= 100 else said[:97] + "..."
-    print(f"  [....] {name:<{NAME_WIDTH}}  {stage}, {elapsed:.0f} s" + (f": {said}" if said else ""), file=out,
-          flush=True)
+    said = said if len(said) <= room else said[:room - 3] + "..."
+    print(head + (f": {said}" if said else ""), file=out, flush=True)
 
 
 def print_summary(report: PreflightReport, out: TextIO) -> None:
