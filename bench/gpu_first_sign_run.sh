@@ -14,12 +14,12 @@
 #   watcher (the process tree, and py-spy's stacks of its Python processes when py-spy is there) so that a silent
 #   minute says where it went.
 #
-#   OUT=/some/dir bash bench/gpu_first_sign_run.sh ours-cold|bare-cold|job
+#   OUT=/some/dir bash bench/gpu_first_sign_run.sh ours-cold|bare-cold|job|job-again
 #
 # Results in $OUT: one log per step, steps.tsv (step, exit code, seconds), *.json from the timers, the preflight
 # events (stage times and vLLM's own timing lines), summary.txt.
 set -u
-PART=${1:?usage: OUT=DIR $0 ours-cold|bare-cold|job}
+PART=${1:?usage: OUT=DIR $0 ours-cold|bare-cold|job|job-again}
 OUT=${OUT:?set OUT to the results folder}
 W=${WORKDIR:-/tmp/fs}
 DEADLINE_S=${DEADLINE_S:-560}
@@ -102,13 +102,22 @@ with open(sys.argv[2], 'w') as out:
     for k in range(10):
         for r in rows: out.write(json.dumps(dict(r, id=f'{r[\"id\"]}-{k}')) + chr(10))" "$W/data.jsonl" "$W/job-data.jsonl"
     # Eager (JOB_FLAGS): the pair compares the job with and without the miniature, not torch.compile's warm-up.
-    local run=(extract --model-path "$model" --prepared-data "$W/job-data.jsonl" --layer-ids 1 3 6 --force-new
+    run=(extract --model-path "$model" --prepared-data "$W/job-data.jsonl" --layer-ids 1 3 6 --force-new
                ${JOB_FLAGS---enforce-eager})
     step job-warmup 200 env $cold_ours "${EW[@]}" "${run[@]}" --output-dir "$W/out-job" --no-miniature
-    for kind in no-miniature beside; do
+    job_pair job no-miniature beside
+}
+
+# job-again: the pair once more, in the other order (run after `job`, on the same machine).
+job-again() { run=(extract --model-path "$W/job-model" --prepared-data "$W/job-data.jsonl" --layer-ids 1 3 6
+                   --force-new ${JOB_FLAGS---enforce-eager}); job_pair job2 beside no-miniature; }
+
+job_pair() {
+    local prefix=$1 kind; shift
+    for kind in "$@"; do
         local flag=--no-miniature; [ "$kind" = beside ] && flag=
-        step "job-$kind" 170 env $cold_ours "${EW[@]}" "${run[@]}" --output-dir "$W/out-job" $flag
-        grep -h -E 'miniature|phase: done|phase: failed' "$OUT/job-$kind.log" | cut -c1-300 >> "$OUT/summary.txt"
+        step "$prefix-$kind" 170 env $cold_ours "${EW[@]}" "${run[@]}" --output-dir "$W/out-job" $flag
+        grep -h -E 'miniature|phase: done|phase: failed' "$OUT/$prefix-$kind.log" | cut -c1-300 >> "$OUT/summary.txt"
     done
 }
 
