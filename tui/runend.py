@@ -53,8 +53,10 @@ def run_end(state: Optional[str], exit_info: Optional[ExitInfo], dir_gone: bool 
         if exit_info.get("error"):
             return RunEnd(f"did not start: {exit_info.get('error')}", _int(exit_info.get("code")) or 127, True)
         code = _int(exit_info.get("code"))
+        # The supervisor found the run's disk full when it came to record the exit (supervise._write_exit).
+        full = ", disk full" if exit_info.get("disk_full") is True else ""
         if code is not None:
-            return RunEnd(f"exit code {code}", code, code != 0)
+            return RunEnd(f"exit code {code}{full}", code, code != 0 or bool(full))
         return RunEnd("ended", None, False)  # an exit.json without a status: nothing to say it failed
     if state == p.JOB_LOST:
         return RunEnd(LOST_DIR_GONE_TEXT if dir_gone else LOST_TEXT, None, True)

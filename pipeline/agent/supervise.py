@@ -12,6 +12,7 @@ then SIGTERM, then SIGKILL, and says so in the log, the events and exit.json (``
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -35,6 +36,11 @@ RUN_DIR_ENV = "EAGLEWATCH_RUN_DIR"
 GPU_HISTORY_ENV = "EAGLEWATCH_GPU_HISTORY_S"  # seconds between GPU history lines; 0 turns the recorder off
 LEFTOVER_GRACE_ENV = "EAGLEWATCH_LEFTOVER_GRACE_S"
 LEFTOVER_GRACE_S = 15.0  # after the main process's exit, before SIGTERM; again before SIGKILL
+# Space kept aside in the run directory for exit.json: a job that fills the disk (its own output on the same
+# filesystem) must still leave its exit status, or it would read as lost. Freed just before the exit record needs it.
+EXIT_RESERVE_FILE = "exit.reserve"
+EXIT_RESERVE_BYTES = 16 * 1024
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 _SETTLE_S = 2.0  # helpers that end right after the main process (multiprocessing's resource tracker) are no news
 
 
@@ -71,6 +77,7 @@ def supervise(run_dir: Path) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, _ignore)
     cmd = run.cmd()
+    _reserve_space(run)
     log_fd = os.open(run.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     extra: dict = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
     try:
@@ -103,7 +110,7 @@ def supervise(run_dir: Path) -> int:
     record = _exit_record(status)
     record["ended_at"] = time.time()
     record["recorded_by"] = "supervisor"
-    _keep(write_json_atomic, run.exit_path, record)
+    record = _write_exit(run, record)
     # Leftovers are ended even when nothing can be recorded (the run directory was deleted): they hold GPUs.
     leftovers = clear_leftovers(run, child.pid, _env_seconds(LEFTOVER_GRACE_ENV, LEFTOVER_GRACE_S))
     if leftovers is not None:
@@ -114,6 +121,41 @@ def supervise(run_dir: Path) -> int:
         except OSError:
             pass
     return 0
+
+
+def _reserve_space(run: RunDir) -> None:
+    """Blocks for exit.json, taken while the disk has room (best effort: a full disk now is no reason not to run)."""
+    try:
+        with open(run.path / EXIT_RESERVE_FILE, "wb") as fh:
+            fh.write(b"\0" * EXIT_RESERVE_BYTES)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError:
+        pass
+
+
+def _write_exit(run: RunDir, record: dict) -> dict:
+    """exit.json, new beside old then swapped in. When the disk is full, the reserve is given back and the record
+    written again, saying that the disk was full: the run ends as "exit code N, disk full", not as lost."""
+    try:
+        write_json_atomic(run.exit_path, record)
+    except OSError as exc:
+        if exc.errno not in DISK_FULL_ERRNOS:
+            return record
+        for leftover in (run.exit_path.with_name(f".{run.exit_path.name}.{os.getpid()}.tmp"),
+                         run.path / EXIT_RESERVE_FILE):
+            try:
+                leftover.unlink()
+            except OSError:
+                pass
+        record = {**record, "disk_full": True}
+        _keep(write_json_atomic, run.exit_path, record)
+        return record
+    try:
+        (run.path / EXIT_RESERVE_FILE).unlink()
+    except OSError:
+        pass
+    return record
 
 
 def _keep(write, path: Path, content) -> bool:
