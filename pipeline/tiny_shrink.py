@@ -86,6 +86,14 @@ def text_config_of(config: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     return text, wrapper
 
 
+# The config's sizes the shrinking reads as numbers: a published config holds whole numbers here (or null); anything
+# else is named in one line before any arithmetic meets it.
+SIZE_FIELDS = ("hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers", "num_attention_heads",
+               "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings", "n_routed_experts",
+               "num_experts", "num_local_experts", "num_experts_per_tok", "n_shared_experts", "kv_lora_rank",
+               "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "first_k_dense_replace")
+
+
 def shrink(config: dict[str, Any], *, num_layers: int | None = None, platform: str = "cpu",
            tp_size: int = 1) -> Shrunk:
     """A small clone of ``config`` (a text model's, or a wrapper's: its ``text_config`` is used)."""
@@ -95,8 +103,12 @@ def shrink(config: dict[str, Any], *, num_layers: int | None = None, platform: s
         raise ValueError(f"platform must be one of {PLATFORMS}")
     text, wrapper = text_config_of(config)
     model_type = text.get("model_type")
-    if not model_type:
-        raise UserError("config has no model_type; cannot build a miniature of it")
+    if not model_type or not isinstance(model_type, str):
+        raise UserError(f"config has no model_type (a name) but {model_type!r}; cannot build a miniature of it")
+    for name in SIZE_FIELDS:
+        value = text.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise UserError(f"config field {name} is {value!r}, not a whole number; cannot build a miniature of it")
     sizes = SIZES[platform]
     small = {k: copy.deepcopy(v) for k, v in text.items() if k not in DROPPED_KEYS}
     result = Shrunk(small, platform)
