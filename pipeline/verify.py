@@ -180,6 +180,10 @@ def _manifests(out: Path) -> list[tuple[str, dict[str, Any]]]:
 
 
 # What the ranks of one extraction must agree on: their files are one data set.
+# The most ranks a manifest may claim (8,192 hosts of 8 GPUs), and how many ranks without a manifest are named one by
+# one before the rest are counted.
+MAX_WORLD_SIZE = 65536
+MISSING_RANKS_NAMED = 20
 RANK_AGREEMENT = (*output.IDENTITY_FIELDS, "hidden_size", "world_size", "max_samples")
 
 
@@ -622,11 +626,20 @@ def verify(output_dir: str | Path, *, prepared_data: str | None = None, against_
     if writers:
         report.notes.append(f"{out} is being written by {'; '.join(writers)}: this checks it as it is now")
     world = int(manifest.get("world_size", 1))
+    if world > MAX_WORLD_SIZE:
+        # Checked before anything loops over the ranks: a damaged count must not make verify run for ever.
+        report.problems.append(f"the manifest's world_size {world} is more ranks than any extraction runs (at most "
+                               f"{MAX_WORLD_SIZE}): the manifest is damaged; the folder is checked as "
+                               f"{len(named)} rank(s)")
+        world = len(named)
     rank_problems, missing_ranks = _rank_problems(named, world)
     report.problems += rank_problems
     report.problems += [f"rank {r} of {world}: no manifest says it is this rank (manifest.rank{r}.json is missing "
                         "or another rank's: its run never started, or the file is gone); its share is checked as "
-                        "the other ranks' selection gives it" for r in missing_ranks]
+                        "the other ranks' selection gives it" for r in missing_ranks[:MISSING_RANKS_NAMED]]
+    if len(missing_ranks) > MISSING_RANKS_NAMED:
+        report.problems.append(f"... and {len(missing_ranks) - MISSING_RANKS_NAMED} more ranks of {world} with no "
+                               "manifest")
     shares = _shares(named, manifest, missing_ranks, prepared_data, report.notes)
     owner: dict[str, tuple[Sample, Share]] | None = None
     if shares is not None:

@@ -67,6 +67,15 @@ def _manifest_model_path(hf_reference: Path, tmp: Path) -> list[object]:
     return ["verify", folder]
 
 
+def _manifest_world_size(hf_reference: Path, tmp: Path) -> list[object]:
+    folder = tmp / "out"
+    shutil.copytree(hf_reference, folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["world_size"] = 10**12  # a count nothing on disk backs: must not be looped over
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return ["verify", folder]
+
+
 def _log_lines(tmp: Path) -> list[object]:
     log = tmp / "job.log"
     log.write_text(f"Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n"
@@ -82,6 +91,7 @@ MODEL_CASES: dict[str, Callable[[Path, Path, Path, Path], list[object]]] = {
 FOLDER_CASES: dict[str, Callable[[Path, Path], list[object]]] = {
     "a sample file's name, verify": _sample_file_name,
     "the manifest's model_path, verify": _manifest_model_path,
+    "the manifest's world_size, verify": _manifest_world_size,
 }
 
 
@@ -101,7 +111,7 @@ def test_hostile_model_fields_reach_no_terminal(case, tiny_llama, prepared_data,
 @pytest.mark.parametrize("case", list(FOLDER_CASES))
 def test_hostile_output_folders_reach_no_terminal(case, hf_reference, tmp_path):
     args = FOLDER_CASES[case](hf_reference, tmp_path)
-    _assert_clean(run_cli(*args, timeout=300), case)
+    _assert_clean(run_cli(*args, timeout=60), case)
 
 
 def test_hostile_log_lines_reach_no_terminal(tmp_path):

@@ -27,6 +27,7 @@ from eaglewatch.pipeline.agent.rundir import (
     find_run,
     is_run_id,
     new_run_id,
+    read_run_record,
     run_dirs,
     summary,
     write_json_atomic,
@@ -294,7 +295,7 @@ def _task_alive(run: RunDir, cmd: Mapping[str, Any]) -> bool:
         last = float(started) if isinstance(started, (int, float)) and not isinstance(started, bool) else 0.0
         return time.time() - last <= default
     try:
-        lost_after = float(json.loads(run.task_alive_path.read_text(encoding="utf-8"))["lost_after_s"])
+        lost_after = float(json.loads(read_run_record(run.task_alive_path).decode("utf-8"))["lost_after_s"])
     except (OSError, ValueError, TypeError, KeyError):
         lost_after = default
     if not 0 < lost_after < float("inf"):

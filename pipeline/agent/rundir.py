@@ -15,10 +15,12 @@ Reattaching means reading this folder: nothing the agent holds in memory is need
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 import secrets
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +39,13 @@ PGID_FILE = "pgid"
 SUPERVISOR_PID_FILE = "supervisor.pid"
 EXIT_FILE = "exit.json"
 TASK_ALIVE_FILE = "task.alive"
+# The files whose kind a summary reports when one is not a regular file (``not_regular``).
+RUN_FILES = (CMD_FILE, LOG_FILE, EVENTS_FILE, PID_FILE, PGID_FILE, SUPERVISOR_PID_FILE, EXIT_FILE, TASK_ALIVE_FILE)
+
+# The most a record (cmd.json, exit.json, a pid file, task.alive) is read of: far above anything the agent writes
+# (cmd.json holds names and arguments of 100 KB and more), small enough that a huge or endless file costs a blink.
+RECORD_LIMIT = 16 << 20
+PID_LIMIT = 64
 
 _RUN_ID = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}(-[A-Za-z0-9._-]{1,40})?$")
 _SLUG_DROP = re.compile(r"[^A-Za-z0-9._-]+")
@@ -90,18 +99,90 @@ def write_text_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+class NotRegularFile(OSError):
+    """A run file that is a FIFO, a device, a socket or a folder: reading one can wait forever (a FIFO nobody
+    writes) or never end (/dev/zero), so it is not read. An OSError, so that every reader's "cannot read" path
+    takes it."""
+
+    def __init__(self, path: str | os.PathLike[str], kind: str) -> None:
+        super().__init__(errno.EINVAL, f"not a regular file ({kind})", os.fspath(path))
+        self.kind = kind
+
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def not_regular(path: str | os.PathLike[str]) -> str | None:
+    """What path is when it is there and not a regular file ("a FIFO", ...), following links; else None."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    return None if stat.S_ISREG(mode) else _kind(mode)
+
+
+def open_run_file(path: str | os.PathLike[str]) -> int:
+    """A read-only descriptor of path, which must be a regular file: the one way the agent opens a run's files.
+
+    Raises NotRegularFile for anything else, OSError when it cannot be opened. The stat first keeps a device from
+    being opened at all (an open can have effects); O_NONBLOCK keeps the open of a FIFO swapped in after that stat
+    from waiting for a writer, and fstat then checks what was opened."""
+    kind = not_regular(path)
+    if kind is not None:
+        raise NotRegularFile(path, kind)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFile(path, _kind(mode))
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_run_file(path: str | os.PathLike[str], limit: int, offset: int = 0) -> bytes:
+    """At most ``limit`` bytes of the regular file path from ``offset`` (OSError, NotRegularFile as above)."""
+    fd = open_run_file(path)
+    try:
+        parts: list[bytes] = []
+        got = 0
+        while got < limit:
+            data = os.pread(fd, limit - got, offset + got)
+            if not data:
+                break
+            parts.append(data)
+            got += len(data)
+        return b"".join(parts)
+    finally:
+        os.close(fd)
+
+
+def read_run_record(path: str | os.PathLike[str], limit: int = RECORD_LIMIT) -> bytes:
+    """The whole of a small run file; OSError when it holds more than ``limit`` bytes (not a record we wrote)."""
+    data = read_run_file(path, limit + 1)
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"holds more than {limit} bytes", os.fspath(path))
+    return data
+
+
 def _read_json(path: Path) -> dict[str, Any] | None:
     try:
-        with open(path, encoding="utf-8") as fh:
-            obj = json.load(fh)
-    except (OSError, ValueError):
+        obj = json.loads(read_run_record(path).decode("utf-8"))
+    except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
         return None
     return obj if isinstance(obj, dict) else None
 
 
 def _read_int(path: Path) -> int | None:
     try:
-        return int(path.read_text().strip())
+        return int(read_run_record(path, PID_LIMIT).strip())
     except (OSError, ValueError):
         return None
 
@@ -211,16 +292,29 @@ def summary(run: RunDir, state: str) -> dict[str, Any]:
         "log_size": run.size(run.log_path),
         "events_size": run.size(run.events_path),
         "run_dir": str(run.path),
+        **_not_regular_field(run),
     }
+
+
+def _not_regular_field(run: RunDir) -> dict[str, Any]:
+    """``not_regular``: the run's files that are there but not regular files, by name, with what each is ("a
+    FIFO"); absent when there are none, so that an ordinary summary stays as it was."""
+    found = {name: kind for name in RUN_FILES if (kind := not_regular(run.path / name)) is not None}
+    return {"not_regular": found} if found else {}
 
 
 __all__ = [
     "AmbiguousRun",
+    "NotRegularFile",
     "RunDir",
     "RunNotFound",
     "default_run_root",
     "find_run",
     "new_run_id",
+    "not_regular",
+    "open_run_file",
+    "read_run_file",
+    "read_run_record",
     "resolve_run_root",
     "run_dirs",
     "summary",

@@ -24,7 +24,15 @@ from typing import Any, BinaryIO, Callable
 from eaglewatch import __version__
 from eaglewatch import protocol as p
 from eaglewatch.pipeline.agent import jobs, slurm
-from eaglewatch.pipeline.agent.rundir import AmbiguousRun, RunDir, RunNotFound
+from eaglewatch.pipeline.agent.rundir import (
+    AmbiguousRun,
+    NotRegularFile,
+    RunDir,
+    RunNotFound,
+    not_regular,
+    open_run_file,
+    read_run_file,
+)
 from eaglewatch.pipeline.agent.watch import DirWatcher
 
 LOG_CHUNK = 64 * 1024
@@ -78,11 +86,8 @@ class Watch:
         self.log_fd = self.events_fd = None
 
 
-def _open(path: Path) -> int | None:
-    try:
-        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
+def not_regular_message(run_id: str, name: str, kind: str) -> str:
+    return f"run {run_id}'s {name} is not a regular file ({kind}); not reading it"
 
 
 class Streamer(threading.Thread):
@@ -164,10 +169,26 @@ class Streamer(threading.Thread):
                     }
                 )
 
+    def _open(self, watch: Watch, path: Path) -> int | None:
+        """The run file opened for streaming, or None for now: not there yet, or not a regular file (a FIFO would
+        block this thread, and with it every watch and the heartbeats, forever). That is said once, not per pump."""
+        try:
+            fd = open_run_file(path)
+        except NotRegularFile as exc:
+            if watch.extra.get(path.name) != exc.kind:
+                watch.extra[path.name] = exc.kind
+                self.out.send({"type": p.MSG_NOTICE, "run": watch.run.run_id,
+                               "message": not_regular_message(watch.run.run_id, path.name, exc.kind)})
+            return None
+        except OSError:
+            return None
+        watch.extra.pop(path.name, None)
+        return fd
+
     def _pump_files(self, watch: Watch) -> None:
         run_id = watch.run.run_id
         if watch.log_fd is None:
-            watch.log_fd = _open(watch.run.log_path)
+            watch.log_fd = self._open(watch, watch.run.log_path)
         if watch.log_fd is not None:
             size = os.fstat(watch.log_fd).st_size
             while watch.log_offset < size and not self.out.broken.is_set():
@@ -177,7 +198,7 @@ class Streamer(threading.Thread):
                 self.out.send(p.log_message(run_id, watch.log_offset, data))
                 watch.log_offset += len(data)
         if watch.events_fd is None:
-            watch.events_fd = _open(watch.run.events_path)
+            watch.events_fd = self._open(watch, watch.run.events_path)
         if watch.events_fd is not None:
             size = os.fstat(watch.events_fd).st_size
             while watch.events_offset < size and not self.out.broken.is_set():
@@ -204,10 +225,8 @@ class OutputDirs:
     def of(self, run: RunDir) -> str | None:
         offset = self._offsets.get(run.run_id, 0)
         try:
-            with open(run.events_path, "rb") as f:
-                f.seek(offset)
-                data = f.read(EVENTS_READ_LIMIT)
-        except OSError:
+            data = read_run_file(run.events_path, EVENTS_READ_LIMIT, offset)
+        except OSError:  # not there, or not a regular file
             data = b""
         end = data.rfind(b"\n") + 1
         for line in data[:end].splitlines():
@@ -258,10 +277,8 @@ class RunRanks:
         for run in self.running():
             offset = self.offsets.get(run.run_id, 0)
             try:
-                with open(run.log_path, "rb") as f:
-                    f.seek(offset)
-                    data = f.read(4 << 20)
-            except OSError:
+                data = read_run_file(run.log_path, 4 << 20, offset)
+            except OSError:  # not there, or not a regular file
                 continue
             self.offsets[run.run_id] = offset + len(data)
             self.ranks.feed_log(data)
@@ -475,9 +492,11 @@ class Server:
         run = jobs.find(self.root, args["run"])
         limit = max(0, min(int(args.get("limit") or 60), 1000))
         try:
-            from eaglewatch.pipeline.telemetry.history import read_recent
+            from eaglewatch.pipeline.telemetry.history import HISTORY_FILE, OLDER_FILE, read_recent
         except Exception:
             return {"samples": []}
+        if any(not_regular(run.path / name) for name in (HISTORY_FILE, OLDER_FILE)):
+            return {"samples": []}  # read_recent opens them plainly: a FIFO would block every command after this
         return {"samples": read_recent(run.path, limit)}
 
     # --- data-parallel jobs (docs/slurm.md) ----------------------------------------------------------------

@@ -35,6 +35,7 @@ from eaglewatch.pipeline.agent.slurm_script import (
     RankCommand,
     SbatchOptions,
     batch_script,
+    job_name,
     output_file,
     sbatch_argv,
 )
@@ -51,6 +52,8 @@ from eaglewatch.pipeline.agent.slurm_state import (
 from eaglewatch.pipeline.agent.slurm_task import rank_argv
 
 SLURM_TIMEOUT_S = 30.0
+# Read when sbatch runs (not bound as a default), so that a test can make a hanging sbatch time out sooner.
+SBATCH_TIMEOUT_S = SLURM_TIMEOUT_S
 MAX_RANKS = 100_000
 CANCEL_WAIT_S = 30.0
 # Before a rank is resubmitted its old task must be gone (KillWait, 30 s by default, plus the supervisor's own end).
@@ -64,6 +67,10 @@ class SlurmError(jobs.JobError):
     """A Slurm command is missing, failed or did not answer."""
 
 
+class SlurmTimeout(SlurmError):
+    """A Slurm command did not answer in time: what it was asked to do may have been done."""
+
+
 def _run(argv: list[str], timeout_s: float = SLURM_TIMEOUT_S) -> subprocess.CompletedProcess:
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
@@ -71,7 +78,7 @@ def _run(argv: list[str], timeout_s: float = SLURM_TIMEOUT_S) -> subprocess.Comp
         raise SlurmError(f"{argv[0]} is not installed on this host (not on PATH): Slurm jobs are submitted from a "
                          "host with the Slurm client commands, such as the cluster's login node") from None
     except subprocess.TimeoutExpired:
-        raise SlurmError(f"{argv[0]} did not answer within {timeout_s:g} s: is slurmctld reachable?") from None
+        raise SlurmTimeout(f"{argv[0]} did not answer within {timeout_s:g} s: is slurmctld reachable?") from None
     except OSError as exc:
         raise SlurmError(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
 
@@ -236,9 +243,40 @@ def _command(record: dict[str, Any]) -> RankCommand:
                        installed=request.get("installed") is True)
 
 
+def _known_arrays(record: dict[str, Any]) -> set[str]:
+    """Every array job id the record holds, earlier attempts included."""
+    refs = [attempt.get("scheduler_job_id") for rank in record.get("ranks") or []
+            for attempt in [rank, *rank.get("attempts", [])]]
+    return {str(ref).split("_", 1)[0] for ref in refs if ref}
+
+
+def _array_id(stdout: str) -> str | None:
+    """The array job id in sbatch's --parsable answer ("4711" or "4711;cluster"), None if it is not one."""
+    lines = stdout.strip().splitlines()
+    word = lines[-1].split(";", 1)[0].strip() if lines else ""
+    return word if word.isdigit() else None
+
+
+def _find_submitted(job_id: str, known: set[str]) -> tuple[str | None, str | None]:
+    """The array job id of a submission of this job that the record does not hold yet, asked of squeue by the
+    name eaglewatch gave the job (sacct needs slurmdbd, which many clusters lack). (id, None) when found,
+    (None, None) when Slurm holds none, (None, why) when squeue could not be asked."""
+    try:
+        # Plain text, not --json: Slurm 22.05 ignores the filters with --json.
+        proc = _run(["squeue", "--noheader", "--all", "--states=all", f"--name={job_name(job_id)}", "--format=%F"])
+    except SlurmError as exc:
+        return None, str(exc)
+    if proc.returncode != 0:
+        return None, _stderr_line(proc)
+    found = {line.strip() for line in proc.stdout.splitlines() if line.strip().isdigit()} - known
+    return (max(found, key=int) if found else None), None
+
+
 def _submit(root: Path, record: dict[str, Any], runs: dict[int, str], restart_of: dict[int, str] | None = None
-            ) -> str:
-    """Write the batch script for these ranks and sbatch it; return Slurm's array job id."""
+            ) -> tuple[str, str | None]:
+    """Write the batch script for these ranks and sbatch it; return Slurm's array job id, and a note when sbatch's
+    own answer did not confirm the submission but squeue did. Raises SlurmError when it was not submitted, or
+    when that cannot be told (``SlurmTimeout``)."""
     job_id = record["job"]
     folder = job_folder(root, job_id)
     folder.mkdir(parents=True, exist_ok=True)
@@ -248,12 +286,28 @@ def _submit(root: Path, record: dict[str, Any], runs: dict[int, str], restart_of
         launcher_python=sys.executable, import_root=jobpython.import_root(), restart_of=restart_of,
     ))
     options = SbatchOptions.from_request(record["request"].get("slurm"))
-    proc = _run(sbatch_argv(job_id=job_id, tasks=list(runs), folder=str(folder), cwd=record["request"]["cwd"],
-                            options=options, script=str(script)))
-    array_id = proc.stdout.strip().split(";", 1)[0]
-    if proc.returncode != 0 or not array_id.isdigit():
-        raise SlurmError(f"sbatch refused the job: {_stderr_line(proc)}")
-    return array_id
+    argv = sbatch_argv(job_id=job_id, tasks=list(runs), folder=str(folder), cwd=record["request"]["cwd"],
+                       options=options, script=str(script))
+    try:
+        proc = _run(argv, SBATCH_TIMEOUT_S)
+    except SlurmTimeout as exc:
+        what = str(exc)
+    else:
+        array_id = _array_id(proc.stdout)
+        if proc.returncode == 0 and array_id is not None:
+            return array_id, None
+        what = (f"sbatch exited with status {proc.returncode}: {_stderr_line(proc)}" if proc.returncode != 0 else
+                f"sbatch's answer is not a job id: {(proc.stdout.strip().splitlines() or ['(nothing)'])[0][:200]}")
+    # A timed-out, failed or garbled sbatch may still have queued the job (a slow controller, a site's wrapper):
+    # Slurm is asked before anything is said, so that a queued job is neither lost nor submitted twice.
+    name = job_name(job_id)
+    found, error = _find_submitted(job_id, _known_arrays(record))
+    if found is not None:
+        return found, f"{what}; squeue shows it queued as Slurm job {found} ({name}): submitted, record kept"
+    if error is not None:
+        raise SlurmTimeout(f"{what}; whether it was submitted cannot be told, as squeue failed too ({error}): "
+                           f"look with squeue --states=all --name={name} before submitting it again")
+    raise SlurmError(f"{what}; Slurm holds no job named {name}: not submitted")
 
 
 def _rank_run_id(record: dict[str, Any], rank: int) -> str:
@@ -295,7 +349,9 @@ def launch(root: Path, args: dict[str, Any]) -> dict[str, Any]:
     runs = {rank: _rank_run_id(record, rank) for rank in range(world_size)}
     with locked(root, job_id):
         try:
-            array_id = _submit(root, record, runs)
+            array_id, note = _submit(root, record, runs)
+        except SlurmTimeout:
+            raise  # it may have been queued: its batch script stays, for whoever looks
         except BaseException:
             shutil.rmtree(job_folder(root, job_id), ignore_errors=True)
             raise
@@ -308,7 +364,10 @@ def launch(root: Path, args: dict[str, Any]) -> dict[str, Any]:
             for rank in range(world_size)
         ]
         write_record(root, record)
-    return _snapshots(root, [record])[0]
+    out = _snapshots(root, [record])[0]
+    if note is not None:
+        out["submit_note"] = note  # the operator side says it: the submission was not plain
+    return out
 
 
 def list_jobs(root: Path) -> list[dict[str, Any]]:
@@ -384,12 +443,14 @@ def restart_rank(root: Path, ref: Any, rank: Any, notice: Notice | None = None) 
         old_run = entry.get("run") if isinstance(entry.get("run"), str) else None
         old_exists = bool(old_run) and (root / str(old_run)).is_dir()
         new_run = _rank_run_id(record, rank)
-        array_id = _submit(root, record, {rank: new_run}, {rank: str(old_run)} if old_exists else None)
+        array_id, note = _submit(root, record, {rank: new_run}, {rank: str(old_run)} if old_exists else None)
         entry["attempts"] = [*entry.get("attempts", []),
                              {key: entry.get(key) for key in ("run", "scheduler_job_id", "output", "submitted_at",
                                                               "final")}]
         entry.update(run=new_run, scheduler_job_id=f"{array_id}_{rank}", submitted_at=time.time(), final=None,
                      output=output_file(str(job_folder(root, job_id)), array_id, rank))
         write_record(root, record)
+    if note is not None:
+        say(note)
     say(f"rank {rank} resubmitted as Slurm job {array_id}_{rank}, run {new_run}")
     return status(root, job_id)

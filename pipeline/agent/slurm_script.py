@@ -21,11 +21,33 @@ from eaglewatch.pipeline.agent.jobs import BadRequest
 from eaglewatch.pipeline.agent.rundir import is_run_id
 
 SBATCH = "sbatch"
-# Options the job's own layout sets: an extra word may not replace them.
-# --requeue too: a requeued task would find its run directory taken (the operator restarts a rank instead).
-_RESERVED_LONG = ("--array", "--wrap", "--output", "--error", "--parsable", "--job-name", "--chdir", "--ntasks",
-                  "--nodes", "--requeue")
-_RESERVED_SHORT = ("-a", "-o", "-e", "-J", "-D", "-n", "-N")
+# sbatch options an extra word may not give, and why: (long form, short form or "", why refused). Two kinds: what
+# the job's layout sets (one array task per rank, its output files, its name, which eaglewatch reads back), and
+# what changes sbatch's own behaviour or output, so that eaglewatch could not tell what it submitted: --wait blocks
+# until the job ends (the submission times out while the job runs), --test-only and --help submit nothing, --quiet
+# hides the job id that --parsable prints. A row is matched by its long form's unambiguous prefixes too ("--arr").
+REFUSED_OPTIONS: tuple[tuple[str, str, str], ...] = (
+    ("--array", "-a", "eaglewatch submits one array task per rank"),
+    ("--wrap", "", "the batch script is eaglewatch's"),
+    ("--output", "-o", "eaglewatch keeps each task's output in the job's folder"),
+    ("--error", "-e", "eaglewatch keeps each task's output in the job's folder"),
+    ("--parsable", "", "eaglewatch passes it once and reads the job id it prints"),
+    ("--job-name", "-J", "eaglewatch names the job, and finds it by that name"),
+    ("--chdir", "-D", "the ranks run in --cwd"),
+    ("--ntasks", "-n", "each rank is one task"),
+    ("--nodes", "-N", "each rank is one task on one node"),
+    ("--requeue", "", "a requeued task would find its run directory taken; use eaglewatch job restart JOB RANK"),
+    ("--hold", "-H", "every rank (and every resubmitted one) would stay held until scontrol release"),
+    ("--wait", "-W", "sbatch would block until the job ends, so the submission would time out while the job runs"),
+    ("--test-only", "", "sbatch would only estimate a start time and submit nothing"),
+    ("--quiet", "-Q", "sbatch would not print the job id eaglewatch reads"),
+    ("--help", "-h", "sbatch would print its help and submit nothing"),
+    ("--usage", "", "sbatch would print its usage and submit nothing"),
+    ("--version", "-V", "sbatch would print its version and submit nothing"),
+)
+# sbatch's short options that take no value: in a bundle ("-vW") the letters after one of these are options too;
+# after any other letter they are its value ("-pWide" is --partition=Wide).
+_SHORT_FLAGS = "hHOQsvVW"
 # sbatch reads "%A", "%a", "%j" ... in file names; "%%" is a literal "%".
 _PERCENT = re.compile("%")
 
@@ -102,16 +124,30 @@ def _count(value: Any, what: str, minimum: int) -> int | None:
     return value
 
 
+def refused_option(word: str) -> tuple[str, str] | None:
+    """The refused option this sbatch word gives (its long form, why), or None."""
+    if word.startswith("--"):
+        name = word.split("=", 1)[0]
+        # sbatch takes any unambiguous prefix of a long option ("--arr=4").
+        return next(((long, why) for long, _, why in REFUSED_OPTIONS if long.startswith(name)), None)
+    for letter in word[1:]:
+        row = next(((long, why) for long, short, why in REFUSED_OPTIONS if short == "-" + letter), None)
+        if row is not None or letter not in _SHORT_FLAGS:
+            return row  # a refused letter, or one whose value is the rest of the word ("-o.", "-pgpu")
+    return None
+
+
 def _extra_word(word: Any) -> str:
-    if not isinstance(word, str) or not word.startswith("-") or any(c in word for c in "\0\n\r"):
+    if not isinstance(word, str) or not word.startswith("-") or word in ("-", "--") \
+            or any(c in word for c in "\0\n\r"):
         # A word that is not an option would be read by sbatch as the script's file name.
         raise BadRequest(f"every slurm.extra word must be one sbatch option (starting with '-'), not {word!r}")
-    name = word.split("=", 1)[0]
-    # sbatch takes any unambiguous prefix of a long option ("--arr=4"), and a short one glued to its value ("-o.").
-    taken = any(reserved.startswith(name) for reserved in _RESERVED_LONG) if name.startswith("--") \
-        else name[:2] in _RESERVED_SHORT
-    if taken:
-        raise BadRequest(f"slurm.extra may not set {name}: eaglewatch sets it for the job's ranks")
+    refused = refused_option(word)
+    if refused is not None:
+        long, why = refused
+        given = word.split("=", 1)[0] if word.startswith("--") else word[:40]
+        named = long if given == long else f"{given} ({long})"
+        raise BadRequest(f"sbatch option {named} is refused: {why}")
     return word
 
 
@@ -135,12 +171,17 @@ def output_file(folder: str, array_job_id: str, task: int) -> str:
     return f"{folder.rstrip('/')}/slurm-{array_job_id}_{task}.out"
 
 
+def job_name(job_id: str) -> str:
+    """The Slurm job name of every submission of a job: how squeue finds one whose sbatch did not answer."""
+    return f"eaglewatch-{job_id}"
+
+
 def sbatch_argv(*, job_id: str, tasks: Sequence[int], folder: str, cwd: str, options: SbatchOptions,
                 script: str) -> list[str]:
     """sbatch's argv: one array task per rank in ``tasks``, each one task on one node, never requeued by Slurm on
     its own (a requeued task would find its run directory taken: the operator restarts a rank instead)."""
     return [
-        SBATCH, "--parsable", f"--job-name=eaglewatch-{job_id}", f"--array={array_spec(tasks)}", "--ntasks=1",
+        SBATCH, "--parsable", f"--job-name={job_name(job_id)}", f"--array={array_spec(tasks)}", "--ntasks=1",
         "--nodes=1", f"--output={output_pattern(folder)}", f"--chdir={cwd}", "--no-requeue",
         f"--comment=eaglewatch job {job_id}", *options.argv(), script,
     ]

@@ -88,7 +88,40 @@ def resolve_host(args: argparse.Namespace, host: Optional[str] = None,
         use_ssh_agent=not args.no_ssh_agent,
         python=python,
     )
-    return HostTarget(name, entry.target, args.run_root or entry.run_root, options, named)
+    target = HostTarget(name, entry.target, args.run_root or entry.run_root, options, named)
+    warn_ssh_config(target)
+    return target
+
+
+_SSH_CONFIG_WARNED: set[tuple[str, str]] = set()
+
+
+def warn_ssh_config(target: HostTarget) -> None:
+    """Name on stderr, once per host and ssh config in this process, every option of the host's ssh-config entry
+    that eaglewatch does not apply (``target.SSH_CONFIG_OPTIONS``): connecting without one is never silent."""
+    from eaglewatch.tui.connection.target import config_warnings, is_local, resolve
+
+    path = target.ssh_options.config_path
+    key = (target.spec, str(path))
+    if is_local(target.spec) or key in _SSH_CONFIG_WARNED:
+        return
+    _SSH_CONFIG_WARNED.add(key)
+    try:
+        endpoint = resolve(target.spec, path)
+    except ValueError:
+        return  # a bad HOST or ssh config: connecting says so, in the command's error line
+    for line in config_warnings(endpoint, target.name, path):
+        print(f"eaglewatch: {safe_text(line)}", file=sys.stderr)
+
+
+def ssh_config_hint(connection: "Connection") -> str:
+    """What to add to a failed connection's error when the host's ssh config reaches it through a ProxyCommand that
+    was not applied (the warning was printed before; the failure is most likely why)."""
+    endpoint = connection.endpoint
+    hops = [endpoint, *endpoint.jumps] if endpoint is not None else []
+    if any(name.lower() == "proxycommand" for hop in hops for name in hop.not_applied):
+        return "; the host's ssh config has a ProxyCommand, which eaglewatch does not run: use ProxyJump instead"
+    return ""
 
 
 def _confirm_interactively(error: "UnknownHostKeyError") -> bool:
@@ -130,7 +163,7 @@ def connect(args: argparse.Namespace) -> "Connection":
             print(f"eaglewatch: recorded {safe_text(exc.host_id)} {safe_text(exc.key_type)} "
                   f"{safe_text(exc.fingerprint)} in {safe_text(written)}", file=sys.stderr)
         except ConnectionFailed as exc:
-            raise user_error(exc) from None
+            raise user_error(f"{exc}{ssh_config_hint(connection)}") from None
     raise UserError("could not connect after accepting the host key")
 
 

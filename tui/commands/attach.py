@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Mapping, cast
 
 from eaglewatch.errors import UserError
 from eaglewatch.safetext import TerminalStream, safe_text
@@ -74,8 +74,22 @@ class _DecodedView:
         sys.stdout.flush()
 
 
+def refuse_unreadable(summary: RunSummary, show_events: bool) -> None:
+    """The agent never reads a run file that is a FIFO, a device or a socket (reading one can wait forever or never
+    end) and lists those in the summary's ``not_regular``. Without its log (or, with --events, its events) there is
+    nothing to follow: say so in one line (exit 2) rather than wait for bytes that will not come."""
+    found = cast(Mapping[str, Any], summary).get("not_regular")
+    if not isinstance(found, dict):
+        return
+    for name in ("log", "events.jsonl") if show_events else ("log",):
+        if found.get(name):
+            raise UserError(f"run {summary.get('run')}'s {name} is not a regular file ({found[name]}); "
+                            "not reading it")
+
+
 def follow(connection: "Connection", run: str, from_end: bool, show_events: bool, decoded: bool = False) -> int:
     summary = _common.agent_call(connection.status, run)
+    refuse_unreadable(summary, show_events)
     view = None
     if decoded:
         try:
@@ -104,6 +118,7 @@ def follow(connection: "Connection", run: str, from_end: bool, show_events: bool
                                   file=sys.stderr)
                     case JobState():
                         final = item.summary or final
+                        refuse_unreadable(final, show_events)  # the log was replaced while we watched
                     case Notice():
                         _say(item.message)
                     case LinkState():

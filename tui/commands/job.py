@@ -154,6 +154,8 @@ def start(pool: HostPool, store: JobStore, args: argparse.Namespace, argv: list[
     else:
         record = launch_slurm(pool, store, args.slurm, int(args.ranks), argv, cwd=args.cwd, env=env,
                               name=args.name, installed=bool(args.installed), slurm=slurm_options(args))
+        if record.get("submit_note"):  # sbatch did not confirm the submission; squeue did (docs/slurm.md)
+            say(safe_text(record["submit_note"]))
         say(f"submitted {safe_text(record.get('scheduler_job_id') or record['job'])} through "
             f"{safe_text(args.slurm)} ({record.get('world_size')} ranks)")
     if args.json:

@@ -25,6 +25,9 @@ def connect_quietly(args: argparse.Namespace) -> "Connection":
     target = _common.resolve_host(args)
     try:
         connection = Connection(target.spec, run_root=target.run_root, ssh_options=target.ssh_options)
+    except ValueError as exc:
+        raise _common.user_error(exc) from None
+    try:
         connection.connect()
     except ValueError as exc:
         raise _common.user_error(exc) from None
@@ -32,7 +35,7 @@ def connect_quietly(args: argparse.Namespace) -> "Connection":
         raise _common.user_error(f"{exc}; accept it first, e.g. eaglewatch runs {args.host} "
                                  f"--accept-host-key {exc.fingerprint}") from None
     except ConnectionFailed as exc:
-        raise _common.user_error(exc) from None
+        raise _common.user_error(f"{exc}{_common.ssh_config_hint(connection)}") from None
     return connection
 
 

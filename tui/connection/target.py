@@ -3,7 +3,8 @@
 HostKeyAlias).
 
 StrictHostKeyChecking is not read, on purpose: an unknown host key is refused until the operator accepts it,
-whatever the config says (``no`` and ``accept-new`` would trust a first contact blindly)."""
+whatever the config says (``no`` and ``accept-new`` would trust a first contact blindly). Every option a host's entry
+sets that is not applied is named in a warning (``SSH_CONFIG_OPTIONS``, ``config_warnings``), never dropped silently."""
 
 from __future__ import annotations
 
@@ -14,6 +15,51 @@ from dataclasses import dataclass, field, replace
 
 LOCAL = "local"
 DEFAULT_SSH_CONFIG = "~/.ssh/config"
+
+# How eaglewatch treats the ssh-config options of a host's entry: (OpenSSH's name, how, why). USED: applied.
+# HARMLESS: not applied, and changing nothing of where eaglewatch connects or how it logs in (its own keepalive,
+# its own connection reuse): named together in one line. NOT_APPLIED: not applied on purpose, said with why.
+# Any other option, listed here or not, is not supported: named in a line of its own, "connecting without it".
+USED, HARMLESS, NOT_APPLIED, UNSUPPORTED = "used", "harmless", "not applied", "unsupported"
+SSH_CONFIG_OPTIONS: tuple[tuple[str, str, str], ...] = (
+    ("HostName", USED, ""),
+    ("User", USED, ""),
+    ("Port", USED, ""),
+    ("IdentityFile", USED, ""),
+    ("ProxyJump", USED, ""),
+    ("UserKnownHostsFile", USED, ""),
+    ("GlobalKnownHostsFile", USED, ""),
+    ("HostKeyAlias", USED, ""),
+    ("StrictHostKeyChecking", NOT_APPLIED, "an unknown host key is refused until you accept it (--accept-host-key)"),
+    ("ProxyCommand", UNSUPPORTED, "if the host is reached only through it, write ProxyJump BASTION instead of "
+                                  "ProxyCommand ssh -W %h:%p BASTION"),
+    ("Include", UNSUPPORTED, "the options in the files it names are not read"),
+    ("CertificateFile", UNSUPPORTED, "keys are offered without their certificates"),
+    ("IdentityAgent", UNSUPPORTED, "the ssh-agent of $SSH_AUTH_SOCK is asked"),
+    ("LocalForward", UNSUPPORTED, "no port is forwarded"),
+    ("RemoteForward", UNSUPPORTED, "no port is forwarded"),
+    ("DynamicForward", UNSUPPORTED, "no port is forwarded"),
+    ("RemoteCommand", UNSUPPORTED, "eaglewatch runs its own agent"),
+    ("ServerAliveInterval", HARMLESS, ""),
+    ("ServerAliveCountMax", HARMLESS, ""),
+    ("TCPKeepAlive", HARMLESS, ""),
+    ("ConnectTimeout", HARMLESS, ""),
+    ("Compression", HARMLESS, ""),
+    ("ControlMaster", HARMLESS, ""),
+    ("ControlPath", HARMLESS, ""),
+    ("ControlPersist", HARMLESS, ""),
+    ("LogLevel", HARMLESS, ""),
+    ("VisualHostKey", HARMLESS, ""),
+    ("HashKnownHosts", HARMLESS, ""),
+    ("UpdateHostKeys", HARMLESS, ""),
+    ("AddKeysToAgent", HARMLESS, ""),
+    ("UseKeychain", HARMLESS, ""),
+    ("IgnoreUnknown", HARMLESS, ""),
+    ("ForwardX11", HARMLESS, ""),
+    ("ForwardX11Trusted", HARMLESS, ""),
+)
+# paramiko's lookup gives the options lower-cased.
+_OPTIONS = {name.lower(): (name, how, why) for name, how, why in SSH_CONFIG_OPTIONS}
 
 _SPEC = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?P<host>\[[^\]]+\]|[^:\s@]+)(?::(?P<port>\d+))?$")
 
@@ -31,6 +77,8 @@ class Endpoint:
     # From the ssh config: UserKnownHostsFile then GlobalKnownHostsFile (empty when it sets neither), HostKeyAlias.
     known_hosts: tuple[str, ...] = ()
     host_key_alias: str | None = None
+    # The options of this host's ssh-config entry that are not applied, named as the file writes them, in its order.
+    not_applied: tuple[str, ...] = ()
 
     @property
     def host_id(self) -> str:
@@ -107,7 +155,50 @@ def resolve(spec: str, config_path: str | None = DEFAULT_SSH_CONFIG, _depth: int
             hops.extend(resolved.jumps)
             hops.append(replace(resolved, jumps=()))
         jumps = tuple(hops)
-    return Endpoint(alias, hostname, port, user, identity, jumps, known_hosts, config.get("hostkeyalias"))
+    written = _names_as_written(config_path)
+    not_applied = tuple(written.get(key, key) for key in config if _OPTIONS.get(key, ("", UNSUPPORTED, ""))[1] != USED)
+    return Endpoint(alias, hostname, port, user, identity, jumps, known_hosts, config.get("hostkeyalias"),
+                    not_applied)
+
+
+def _names_as_written(config_path: str | None) -> dict[str, str]:
+    """Option names as the config file writes them, by their lower-case form (paramiko lower-cases them): a warning
+    names the option the operator wrote."""
+    try:
+        with open(os.path.expanduser(config_path or ""), encoding="utf-8", errors="replace") as fh:
+            words = [line.strip().replace("=", " ").split(None, 1) for line in fh]
+    except OSError:
+        return {}
+    return {word[0].lower(): word[0] for word in words if word and not word[0].startswith("#")}
+
+
+def config_warnings(endpoint: Endpoint, host: str, config_path: str | None = DEFAULT_SSH_CONFIG) -> list[str]:
+    """One line for each option of the host's ssh-config entries (its ProxyJump hops' too) that eaglewatch does not
+    support or does not apply, and one for all the harmless ones. Lines hold text from the config: show them through
+    safe_text."""
+    hosts: dict[str, list[str]] = {}  # option (lower-case) -> the hosts whose entry sets it, in order
+    written = {name.lower(): name for hop in (endpoint, *endpoint.jumps) for name in hop.not_applied}
+    for hop, label in [(endpoint, host), *((jump, f"{jump.alias} (ProxyJump hop)") for jump in endpoint.jumps)]:
+        for key in (name.lower() for name in hop.not_applied):
+            hosts.setdefault(key, [])
+            if label not in hosts[key]:
+                hosts[key].append(label)
+    lines, harmless = [], []
+    where = config_path or DEFAULT_SSH_CONFIG
+    for key, labels in hosts.items():
+        name, how, why = _OPTIONS.get(key, (written[key], UNSUPPORTED, ""))
+        prefix = f"host {', '.join(labels)}: {where} option {name}"
+        if how == HARMLESS:
+            harmless.append(name)
+        elif how == NOT_APPLIED:
+            lines.append(f"{prefix} is not applied by eaglewatch: {why}")
+        else:
+            note = f" ({why})" if why else ""
+            lines.append(f"{prefix} is not supported by eaglewatch; connecting without it{note}")
+    if harmless:
+        lines.append(f"host {host}: {where} options {', '.join(harmless)} are not applied by eaglewatch (they change "
+                     "nothing of where it connects or how it logs in)")
+    return lines
 
 
 def _known_hosts_files(config: dict) -> tuple[str, ...]:
