@@ -32,15 +32,17 @@ import json
 import os
 import shlex
 import shutil
+import stat
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from eaglewatch.errors import UserError
 from eaglewatch.pipeline import output
 from eaglewatch.pipeline.prepared_data import iter_prepared
+from eaglewatch.pipeline.regular import NotRegularFile, open_regular
 
 HELP = "turn a finished output folder into the layout a trainer reads (speculators), without copying tensors"
 FORMATS = ("speculators",)
@@ -98,28 +100,194 @@ def layer_order_problem(layer_ids: list[int], num_hidden_layers: int) -> str | N
     return None
 
 
-def _manifests(folder: Path) -> list[dict[str, Any]]:
+# Bounded reads: a JSON file the export reads is a regular file of at most this many bytes. A manifest or a model's
+# config is a few KB; a hostile one (a FIFO that never ends, a 50 MB file) is refused instead of read.
+JSON_LIMIT = 4 << 20
+# The view's record lists one sample id per row: it grows with the data set, so it has a limit of its own.
+RECORD_LIMIT = 1 << 30
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _shown(value: Any, width: int = 60) -> str:
+    """A value from a file, in an error line: its repr (one line, whatever it holds), cut to ``width``."""
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _not_regular(mode: int) -> str | None:
+    """What a file that is not a regular file is (None for a regular file)."""
+    return next((kind for is_kind, kind in _KINDS if is_kind(mode)), None if stat.S_ISREG(mode) else "not a file")
+
+
+def _regular_size(path: Path, what: str, fix: str = "move it away") -> int:
+    """The size of ``path``, a regular file (a link to one is fine); anything else is a UserError naming what it is.
+    FileNotFoundError passes through: a missing file is for the caller to judge."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if path.is_symlink():
+            raise UserError(f"{path} is a symbolic link to nothing ({_shown(os.readlink(path))})") from None
+        raise
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    kind = _not_regular(st.st_mode)
+    if kind:
+        raise UserError(f"{path} is {kind}, not {what}: {fix}")
+    return st.st_size
+
+
+def read_json_file(path: Path, what: str, limit: int = JSON_LIMIT) -> Any:
+    """The JSON in ``path``, read only when it is a regular file of at most ``limit`` bytes, so that no FIFO,
+    device or giant file can hang or swamp the export. UserError for anything else; FileNotFoundError passes."""
+    size = _regular_size(path, what)
+    if size > limit:
+        raise UserError(f"{path} is {size} bytes, more than {what} can be ({limit} bytes): move it away")
+    try:
+        with open_regular(path) as f:  # should the path turn into a FIFO after the check, this does not wait
+            raw = f.read(limit + 1)
+    except NotRegularFile:
+        raise UserError(f"{path} changed while it was read: not {what}") from None
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(raw) > limit:
+        raise UserError(f"{path} grew beyond {limit} bytes while it was read: not {what}")
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # bad JSON, bad UTF-8, nesting deeper than the parser goes
+        raise UserError(f"{path} is not valid JSON ({type(exc).__name__}: {_shown(str(exc), 120)})") from None
+
+
+@dataclass(frozen=True)
+class Field:
+    """One row of what the export reads from a manifest: the check its value must pass, and what it must be."""
+
+    name: str
+    check: Callable[[Any], bool]
+    wanted: str
+    required: bool = False  # the others may be absent (an older manifest), but when there they must be right
+
+
+def _whole(low: int) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+def _path(v: Any) -> bool:
+    return isinstance(v, str) and v != "" and "\0" not in v
+
+
+def _or_null(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: v is None or check(v)
+
+
+def _layer_ids(v: Any) -> bool:
+    return isinstance(v, list) and bool(v) and all(map(_whole(0), v)) and len(set(v)) == len(v)
+
+
+_COUNT = "a whole number ≥ 0"
+# Every field of a manifest the export (or its record, or its printed command) uses, checked once, on reading.
+MANIFEST_FIELDS = (
+    Field("status", lambda v: isinstance(v, str), "a status text", required=True),
+    Field("layer_ids", _layer_ids, "a list of distinct layer numbers", required=True),
+    Field("num_hidden_layers", _whole(1), "a whole number ≥ 1", required=True),
+    Field("world_size", _whole(1), "a whole number ≥ 1"),
+    Field("rank", _whole(0), _COUNT),
+    Field("hidden_size", _whole(1), "a whole number ≥ 1"),
+    Field("max_seq_len", _whole(1), "a whole number ≥ 1"),
+    Field("max_samples", _or_null(_whole(1)), "null or a whole number ≥ 1"),
+    Field("samples_total", _whole(0), _COUNT),
+    Field("samples_done", _whole(0), _COUNT),
+    Field("samples_written", _whole(0), _COUNT),
+    Field("tokens_total", _whole(0), _COUNT),
+    Field("tokens_written", _whole(0), _COUNT),
+    Field("model_path", _path, "a path"),
+    Field("prepared_data", _or_null(_path), "null or a path"),
+    Field("model_config_hash", lambda v: isinstance(v, str), "a text"),
+    Field("dtype", lambda v: isinstance(v, str), "a dtype name"),
+    Field("storage", lambda v: v in output.STORAGES, f"one of {', '.join(output.STORAGES)}"),
+    Field("finished_at", _or_null(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)), "a time"),
+)
+# What the manifests of one folder must agree on: their files are one extraction's (verify's RANK_AGREEMENT).
+AGREEMENT = (*output.IDENTITY_FIELDS, "num_hidden_layers", "hidden_size", "world_size", "max_samples")
+NOT_OURS = "extract does not write it so; move it away, or extract into this folder again"
+
+
+def _manifest_problem(name: str, m: Any) -> str | None:
+    """Why the manifest in file ``name`` cannot be read as one (None when it can): the table, then how its fields
+    and its file name go together."""
+    if not isinstance(m, dict):
+        kind = {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number"}
+        return f"it is {kind.get(type(m), 'null')} in JSON, not an object"
+    for f in MANIFEST_FIELDS:
+        if f.name not in m:
+            if f.required:
+                return f"it has no {f.name}"
+        elif not f.check(m[f.name]):
+            return f"{f.name} is {_shown(m[f.name])}, not {f.wanted}"
+    rank, world = m.get("rank", 0), m.get("world_size", 1)
+    if rank >= world:
+        return f"rank {rank} is not one of world_size {world}"
+    if max(m["layer_ids"]) > m["num_hidden_layers"]:
+        return f"layer_ids {_shown(m['layer_ids'])} go beyond num_hidden_layers {m['num_hidden_layers']}"
+    expected = output.MANIFEST if world == 1 else f"manifest.rank{rank}.json"
+    if name != expected:
+        return f"it says rank {rank} of {world}, whose manifest is {expected}"
+    return None
+
+
+def _agreement(m: dict[str, Any], key: str) -> str:
+    value = output.identity_value(m, key) if key in output.IDENTITY_FIELDS else m.get(key)
+    if key == "world_size" and value is None:
+        value = 1  # what a manifest without it means
+    return json.dumps(value, sort_keys=True)
+
+
+def _named_manifests(folder: Path) -> list[tuple[str, dict[str, Any]]]:
+    """Every manifest of the folder (one, or one per rank), by file name, each read within bounds and checked
+    against ``MANIFEST_FIELDS``, and all of them describing one extraction; a UserError names the first that is
+    not."""
     found = []
     for path in sorted(folder.glob("manifest*.json")):
-        manifest = output.read_manifest_file(path, fix="run extract again into this folder")
-        if manifest is not None:
-            found.append(manifest)
+        try:
+            manifest = read_json_file(path, "a manifest")
+        except FileNotFoundError:  # gone since the listing
+            continue
+        why = _manifest_problem(path.name, manifest)
+        if why:
+            name = path.name if path.name.isprintable() else _shown(path.name)
+            raise UserError(f"{name} in {folder} is not a usable manifest: {why}; {NOT_OURS}")
+        found.append((path.name, manifest))
     if not found:
         raise UserError(f"{folder} holds no manifest.json: it is not an extract output folder")
+    for key in AGREEMENT:
+        values: dict[str, list[str]] = {}
+        for name, m in found:
+            values.setdefault(_agreement(m, key), []).append(name)
+        if len(values) > 1:
+            said = "; ".join(f"{', '.join(names)}: {_shown(json.loads(v))}" for v, names in values.items())
+            raise UserError(f"the manifests in {folder} disagree on {key} ({said}): they are files of more than "
+                            "one extraction; move the other run's files away or extract again with --force-new")
     return found
+
+
+def _manifests(folder: Path) -> list[dict[str, Any]]:
+    return [m for _, m in _named_manifests(folder)]
 
 
 def unfinished_ranks(folder: Path) -> list[str]:
     """Why the folder's extraction is not whole yet, one phrase per rank (empty when every rank is done): a rank
     still running, or one of ``world_size`` ranks without a manifest."""
     manifests = _manifests(folder)
-    why = [f"rank {m.get('rank', 0)} is {m.get('status')!r}" for m in manifests if m.get("status") != "done"]
-    worlds = {m.get("world_size", 1) for m in manifests}
-    if len(worlds) == 1:
-        world = next(iter(worlds))
-        seen = {m.get("rank", 0) for m in manifests}
-        if isinstance(world, int):
-            why += [f"rank {r} of {world} has no manifest yet" for r in range(world) if r not in seen]
+    why = [f"rank {m.get('rank', 0)} is {_shown(m['status'])}" for m in manifests if m["status"] != "done"]
+    world = manifests[0].get("world_size", 1)  # agreed by all of them
+    seen = {m.get("rank", 0) for m in manifests}
+    # The missing ranks are found among the first len(seen) + 3, and the rest only counted: a world_size of 10**9
+    # costs no more than one of 2.
+    missing = [r for r in range(min(world, len(seen) + 3)) if r not in seen][:3]
+    why += [f"rank {r} of {world} has no manifest yet" for r in missing]
+    more = world - len(seen) - len(missing)
+    if more > 0:
+        why.append(f"{more} more ranks of {world} have no manifest yet")
     return why
 
 
@@ -130,13 +298,31 @@ def _agreed(manifests: list[dict[str, Any]], key: str) -> Any:
     return manifests[0].get(key)
 
 
+def _sample_files(folder: Path) -> int:
+    """How many sample files the folder holds, counted from one listing before anything loops over the
+    manifests' counts; a sample name that is not a regular file (a FIFO, a device, a folder) is refused here,
+    before any read could hang on it."""
+    count = 0
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.name.startswith("hs_") and entry.name.endswith(".safetensors"):
+                try:
+                    _regular_size(Path(entry.path), "a sample file")
+                except FileNotFoundError:  # gone since the listing
+                    continue
+                count += 1
+    return count
+
+
 def _rows(folder: Path, prepared: Path, max_seq_len: int | None) -> Iterator[tuple[str, Path]]:
     """(sample id, file) in the prepared data's order, for each sample that has a file; the file must hold the
     same tokens as the prepared sample (its stored hash; cut to ``max_seq_len``, as extract truncates), or the
     export stops."""
     for sample in iter_prepared(prepared):
         path = output.sample_path(folder, sample.id)
-        if not path.exists():
+        try:
+            _regular_size(path, "a sample file")  # never open a FIFO or a device, even one put there just now
+        except FileNotFoundError:
             continue
         try:
             stored = output.stored_sample_hash(path, output.read_header(path))
@@ -177,15 +363,24 @@ def vocab_mapping(token_freq: dict[int, int], draft_vocab_size: int, verifier_vo
     return d2t, t2d
 
 
-def _verifier_vocab_size(manifest: dict[str, Any]) -> int | None:
-    config_path = Path(str(manifest.get("model_path", ""))) / "config.json"
+def _verifier_vocab_size(manifest: dict[str, Any]) -> int:
+    """The verifier's vocabulary, from the config of the model the manifest names (read within bounds)."""
+    fix = "pass --verifier-vocab-size"
+    if "model_path" not in manifest:  # not the current folder's config.json
+        raise UserError(f"the manifest names no model folder to read the verifier's vocab_size from: {fix}")
+    path = Path(manifest["model_path"]) / "config.json"
     try:
-        config = json.loads(config_path.read_text())
-    except (OSError, ValueError):
-        return None
-    config = config.get("text_config") or config
-    size = config.get("vocab_size")
-    return int(size) if isinstance(size, int) else None
+        config = read_json_file(path, "a model's config")
+    except FileNotFoundError:
+        raise UserError(f"cannot read the verifier's vocab_size: {path} is not there; {fix}") from None
+    except UserError as exc:
+        raise UserError(f"cannot read the verifier's vocab_size ({exc}); {fix}") from None
+    config = config if isinstance(config, dict) else {}
+    text_config = config.get("text_config")  # a multimodal model's language part
+    size = (text_config if isinstance(text_config, dict) else config).get("vocab_size")
+    if not (isinstance(size, int) and not isinstance(size, bool) and size > 0):
+        raise UserError(f"cannot read the verifier's vocab_size from {path} (it is {_shown(size)}): {fix}")
+    return size
 
 
 def export_speculators(folder: str | Path, *, prepared_data: str | Path | None = None,
@@ -200,28 +395,34 @@ def export_speculators(folder: str | Path, *, prepared_data: str | Path | None =
     if unfinished:
         raise UserError(f"the extraction in {folder} has not finished ({'; '.join(unfinished)}): "
                         "run the same extract command to finish it, then export")
-    layer_ids = [int(k) for k in _agreed(manifests, "layer_ids")]
-    num_layers = int(_agreed(manifests, "num_hidden_layers"))
+    # The manifests were checked on reading (types, ranks, file names) and agree on these.
+    layer_ids: list[int] = manifests[0]["layer_ids"]
+    num_layers: int = manifests[0]["num_hidden_layers"]
     problem = layer_order_problem(layer_ids, num_layers)
     if problem:
         raise UserError(problem)
+    # Counts against the disk, before anything loops over them: a done rank has a file for each of its samples.
+    counted = sum(m.get("samples_total", 0) for m in manifests)
+    on_disk = _sample_files(folder)
+    if counted > on_disk:
+        raise UserError(f"the manifests in {folder} count {counted} samples, but it holds {on_disk} sample files: "
+                        f"`eaglewatch verify {folder}` names the missing ones, and the same extract command writes "
+                        "them again")
     prepared = Path(prepared_data or _agreed(manifests, "prepared_data") or "")
-    if not prepared.is_file():
-        raise UserError(f"the prepared data {prepared} is not there: pass --prepared-data with the file this "
-                        "folder was extracted from (it gives the rows their order)")
+    fix = "pass --prepared-data with the file this folder was extracted from (it gives the rows their order)"
+    try:
+        if prepared == Path(""):
+            raise FileNotFoundError
+        _regular_size(prepared, "a prepared data file", fix)
+    except FileNotFoundError:
+        raise UserError(f"the prepared data {prepared} is not there: {fix}") from None
     if draft_vocab_size is not None:
         verifier_vocab_size = verifier_vocab_size or _verifier_vocab_size(manifests[0])
-        if verifier_vocab_size is None:
-            raise UserError("cannot read the verifier's vocab_size from the model folder the manifest names: "
-                            "pass --verifier-vocab-size")
         if not 0 < draft_vocab_size <= verifier_vocab_size:  # before anything is built, not after
             raise UserError(f"--draft-vocab-size must be between 1 and the verifier's vocabulary "
                             f"({verifier_vocab_size}), not {draft_vocab_size}")
-    storages = sorted({str(output.identity_value(m, "storage")) for m in manifests})
-    if len(storages) > 1:
-        raise UserError(f"the manifests in this folder disagree on storage: {storages}")
-    storage = storages[0]
-    max_seq_len = _agreed(manifests, "max_seq_len")
+    storage = output.identity_value(manifests[0], "storage")
+    max_seq_len = manifests[0].get("max_seq_len")
     _check_view_folder(folder)
     # Everything checked, nothing written yet: a refused export leaves the folder as it was. The new view is
     # built whole in a work folder beside the old one, which stays until the new one is ready (a failure on the
@@ -231,8 +432,7 @@ def export_speculators(folder: str | Path, *, prepared_data: str | Path | None =
         work = Path(tempfile.mkdtemp(prefix=WORK_PREFIX, dir=folder))
         try:
             return _write(folder, work, prepared, layer_ids, num_layers, draft_vocab_size, verifier_vocab_size,
-                          max_seq_len if isinstance(max_seq_len, int) else None,
-                          FP8_BACKEND if storage == output.STORAGE_FP8 else None, manifests)
+                          max_seq_len, FP8_BACKEND if storage == output.STORAGE_FP8 else None, manifests, counted)
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
@@ -253,8 +453,8 @@ def _export_lock(folder: Path) -> Iterator[None]:
 def view_record(folder: Path) -> dict[str, Any] | None:
     """The record of the view in ``folder`` (``speculators.json``), or None when there is none or it is damaged."""
     try:
-        record = json.loads((Path(folder) / EXPORT_RECORD).read_text())
-    except (OSError, ValueError):
+        record = read_json_file(Path(folder) / EXPORT_RECORD, "an export record", RECORD_LIMIT)
+    except (OSError, UserError):
         return None
     return record if isinstance(record, dict) else None
 
@@ -283,9 +483,14 @@ def report_of_view(folder: Path) -> ExportReport:
     if record is None:
         raise UserError(f"{folder} holds no speculators view ({EXPORT_RECORD})")
     backend = record.get("hidden_states_backend")
-    return ExportReport(Path(folder), int(record["rows"]), int(record["tokens"]), list(record["target_layer_ids"]),
-                        int(record["final_layer_id"]), record.get("draft_vocab_size"),
-                        hidden_states_backend=None if backend in (None, "file") else str(backend))
+    try:
+        return ExportReport(Path(folder), int(record["rows"]), int(record["tokens"]),
+                            [int(k) for k in record["target_layer_ids"]], int(record["final_layer_id"]),
+                            record.get("draft_vocab_size"),
+                            hidden_states_backend=None if backend in (None, "file") else str(backend))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UserError(f"{Path(folder) / EXPORT_RECORD} is damaged ({type(exc).__name__}: {_shown(str(exc))}): "
+                        "export again") from None
 
 
 def remove_view(folder: Path) -> None:
@@ -296,7 +501,7 @@ def remove_view(folder: Path) -> None:
 
 def _write(folder: Path, work: Path, prepared: Path, layer_ids: list[int], num_layers: int,
            draft_vocab_size: int | None, verifier_vocab_size: int | None, max_seq_len: int | None,
-           backend: str | None, manifests: list[dict[str, Any]]) -> ExportReport:
+           backend: str | None, manifests: list[dict[str, Any]], counted: int) -> ExportReport:
     try:
         import datasets
     except ImportError:
@@ -342,6 +547,9 @@ def _write(folder: Path, work: Path, prepared: Path, layer_ids: list[int], num_l
     dataset = datasets.Dataset.from_file(staged)
     if rows == 0:
         raise UserError(f"no sample of {prepared} has a file in {folder}")
+    if rows < counted:  # a partial view would train on part of the data without a word: refused, nothing moved
+        raise UserError(f"only {rows} samples of {prepared} have a file in {folder}, but its manifests count "
+                        f"{counted}: export with the prepared data this folder was extracted from")
     dataset.set_format(type="torch")
     dataset.save_to_disk(str(work / "dataset"))
     torch.save(dict(freq), work / TOKEN_FREQ)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from eaglewatch.errors import UserError
+from eaglewatch.pipeline.regular import open_regular, read_regular
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1}
 DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "half": "float16", "fp16": "float16", "bf16": "bfloat16"}
@@ -69,6 +70,12 @@ def normalise_dtype(dtype: str) -> str:
     return dtype
 
 
+# Bounds on what a model folder's JSON files are read of: far above any published config (kilobytes) or index
+# (a few MB for a 1T-parameter checkpoint's tens of thousands of tensors).
+CONFIG_LIMIT = 64 << 20
+INDEX_LIMIT = 256 << 20
+
+
 def load_model_info(model_path: str | Path, *, check_shards: bool = True) -> ModelInfo:
     path = Path(model_path).expanduser()
     if not path.exists():
@@ -77,7 +84,7 @@ def load_model_info(model_path: str | Path, *, check_shards: bool = True) -> Mod
         raise UserError(f"model path {path} is not a folder")
     config_path = path / "config.json"
     try:
-        raw = config_path.read_bytes()
+        raw = read_regular(config_path, CONFIG_LIMIT)
         config = json.loads(raw)
     except FileNotFoundError:
         raise UserError(f"{config_path} is missing: is {path} a Hugging Face model folder?") from None
@@ -137,7 +144,7 @@ def read_index(path: Path) -> Index | None:
     if not index_path.exists():
         return None
     try:
-        index = json.loads(index_path.read_bytes())
+        index = json.loads(read_regular(index_path, INDEX_LIMIT))
     except ValueError as exc:
         raise UserError(f"{index_path} is not valid JSON: {exc}") from None
     except OSError as exc:
@@ -161,6 +168,9 @@ def _shards(path: Path) -> tuple[tuple[str, ...], int, Index | None]:
     index = read_index(path)
     if index is not None:
         names = sorted(set(index.weight_map.values()))
+        odd = next((n for n in names if (path / n).exists() and not (path / n).is_file()), None)
+        if odd is not None:  # a FIFO or a device (a link to /dev/zero): never opened, let alone read
+            raise UserError(f"{path}: the shard {odd} named in {INDEX} is not a regular file")
         missing = [n for n in names if not (path / n).is_file()]
         if missing:
             shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
@@ -195,7 +205,7 @@ def read_shard_layout(path: Path) -> ShardLayout:
     """Read a safetensors header and check it the way the loader will: sane offsets that tile the data without
     gaps or overlaps, each tensor's bytes matching its dtype and shape, and 8 + header + data == the file's size.
     Reads the header only (kilobytes), never the weights."""
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         size = os.fstat(f.fileno()).st_size
         head = f.read(8)
         if len(head) < 8:

@@ -29,6 +29,10 @@ from typing import Any, Iterable, Sequence
 
 from eaglewatch import __version__
 from eaglewatch.errors import UserError
+from eaglewatch.pipeline.regular import open_regular, read_regular
+
+# The most a manifest is read of: a finished million-sample run's is well under this.
+MANIFEST_LIMIT = 256 << 20
 
 MANIFEST = "manifest.json"
 EVENTS = "events.jsonl"
@@ -209,7 +213,7 @@ def torch_uint8() -> Any:
 
 def read_header(path: str | Path) -> dict[str, Any]:
     """The safetensors header (tensor dtypes, shapes, offsets), read without torch and without the data."""
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         head = f.read(8)
         if len(head) < 8:
             raise ValueError("file is shorter than a safetensors header")
@@ -363,7 +367,7 @@ def stored_sample_hash(path: Path, header: dict[str, Any]) -> str | None:
     ids, mask = header.get("token_ids"), header.get("loss_mask")
     if not ids or not mask or ids.get("dtype") != "I64" or mask.get("dtype") != "I8":
         return None
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         (length,) = struct.unpack("<Q", f.read(8))
         f.seek(8 + length + ids["data_offsets"][0])
         raw_ids = f.read(ids["data_offsets"][1] - ids["data_offsets"][0])
@@ -404,8 +408,10 @@ def read_manifest_file(path: str | Path, fix: str = "move it away or use --force
     """The manifest at ``path`` (None when there is none); a damaged one is a UserError ending in ``fix``."""
     path = Path(path)
     tail = f"; {fix}" if fix else ""
+    if path.is_dir():
+        raise UserError(f"{path} is a folder, not a manifest file{tail}")
     try:
-        raw = path.read_bytes()
+        raw = read_regular(path, MANIFEST_LIMIT)
     except FileNotFoundError:
         return None
     except IsADirectoryError:

@@ -30,6 +30,7 @@ from eaglewatch.pipeline.output_lock import describe_writers
 from eaglewatch.pipeline.plan import shard_for_rank
 from eaglewatch.pipeline.tiny_quant import weight_only_int_bits
 from eaglewatch.pipeline.prepared_data import Sample, iter_prepared
+from eaglewatch.pipeline.regular import read_regular
 from eaglewatch.safetext import safe_text
 
 HELP = "check an output folder: shapes, layers, NaN/Inf, token ids, completeness; optionally against HF"
@@ -606,7 +607,7 @@ def _check_model_shards(model_path: Path) -> None:
 
 def _model_config(model_path: str) -> dict[str, Any]:
     try:
-        config = json.loads((Path(model_path) / "config.json").read_text())
+        config = json.loads(read_regular(Path(model_path) / "config.json", 64 << 20))
     except (OSError, ValueError) as exc:
         raise UserError(f"--against-hf cannot read {model_path}/config.json: {exc}") from None
     return config if isinstance(config, dict) else {}

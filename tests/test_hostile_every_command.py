@@ -41,7 +41,7 @@ COVERED: dict[str, tuple[str, ...]] = {
     "launch": ("test_hostile_cli::test_stop_and_launch_print_host_words_safely",),
     "runs": ("test_hostile_cli::test_runs_shows_hostile_names_and_arguments_visibly",),
     "attach": ("test_hostile_cli::test_attach_passes_text_and_colour_and_shows_every_other_sequence",
-               "test_run_files_bounded::test_run_files_that_are_not_plain_files_are_refused"),
+               "test_run_files_bounded::test_a_spoiled_run_file_ends_in_at_most_one_clear_line"),
     "stop": ("test_hostile_cli::test_stop_and_launch_print_host_words_safely",),
     "restart": ("test_hostile_cli::test_bad_run_names_options_and_commands_are_refused_in_one_line",),
     "job": ("test_fleet_hostile::test_job_status_prints_hostile_text_visibly",

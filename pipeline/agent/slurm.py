@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from eaglewatch.pipeline.agent import jobpython, jobs
-from eaglewatch.pipeline.agent.rundir import RunDir, is_run_id, new_run_id, write_text_atomic
+from eaglewatch.pipeline.agent.rundir import RunDir, is_run_id, new_run_id, read_run_file, write_text_atomic
 from eaglewatch.pipeline.agent.slurm_record import (
     find_job,
     job_folder,
@@ -148,14 +148,14 @@ def _current_keys(record: dict[str, Any], ranks: Iterable[int] | None = None, *,
 
 
 # --- building snapshots ---------------------------------------------------------------------------------------
-def _read_tail(path: str | None) -> bytes:
-    if not path:
+def _read_tail(path: Any) -> bytes:
+    """The last ``BATCH_OUTPUT_TAIL`` bytes of a rank's batch output file; nothing when there is none, or it is
+    not a regular file (the record names the path: a FIFO or a device there is not read)."""
+    if not isinstance(path, str) or not path or "\0" in path:
         return b""
     try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            fh.seek(max(0, size - BATCH_OUTPUT_TAIL))
-            return fh.read()
+        size = os.stat(path).st_size
+        return read_run_file(path, BATCH_OUTPUT_TAIL, max(0, size - BATCH_OUTPUT_TAIL))
     except OSError:
         return b""
 

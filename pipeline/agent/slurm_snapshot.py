@@ -31,11 +31,21 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def _from_record(final: dict[str, Any]) -> SlurmTask:
-    return SlurmTask(array_job_id=0, task_id=0, job_id=0, state=str(final.get("state") or ""),
-                     reason=final.get("reason"), node=final.get("node"), submit_time=_number(final.get("submit_time")),
-                     start_time=_number(final.get("start_time")), end_time=_number(final.get("end_time")),
-                     exit_code=final.get("exit_code"), exit_signal=final.get("exit_signal"))
+    """The finished state a job record kept; a field of another type than the agent writes there is not known."""
+    return SlurmTask(array_job_id=0, task_id=0, job_id=0, state=_text(final.get("state")) or "",
+                     reason=_text(final.get("reason")), node=_text(final.get("node")),
+                     submit_time=_number(final.get("submit_time")), start_time=_number(final.get("start_time")),
+                     end_time=_number(final.get("end_time")), exit_code=_int(final.get("exit_code")),
+                     exit_signal=_int(final.get("exit_signal")))
 
 
 def _derived(rank: dict[str, Any], facts: RankFacts) -> SlurmTask | None:

@@ -20,7 +20,7 @@ import json
 import re
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Tuple
 
 # Slurm's own words (job_state). Finished: the task will not run again unless resubmitted.
 PENDING = "PENDING"
@@ -38,7 +38,8 @@ FINISHED_STATES = frozenset({COMPLETED, FAILED, CANCELLED, TIMEOUT, PREEMPTED, N
 # Reasons that only describe why a job waited: once it ran, or was cancelled, they are stale.
 _STALE_REASON_STATES = frozenset({RUNNING, COMPLETING, COMPLETED, CANCELLED})
 
-TaskKey = tuple[int, int]
+# typing.Tuple: an alias is evaluated at import, and ``tuple[int, int]`` needs Python 3.9 (the agent runs on 3.8+).
+TaskKey = Tuple[int, int]
 
 
 @dataclass(frozen=True)
@@ -148,7 +149,7 @@ def parse_squeue_json(text: str) -> dict[TaskKey, SlurmTask]:
     """Every array task in ``squeue --json`` output. Jobs that are not array tasks are left out (ours always are)."""
     try:
         data = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise SlurmParseError(f"squeue --json printed something that is not JSON: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("jobs"), list):
         raise SlurmParseError("squeue --json printed no 'jobs' list")

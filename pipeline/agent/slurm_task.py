@@ -24,6 +24,7 @@ import argparse
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Sequence
 
 from eaglewatch.pipeline.agent import jobpython, jobs
-from eaglewatch.pipeline.agent.rundir import RunDir, is_run_id, write_json_atomic
+from eaglewatch.pipeline.agent.rundir import NotRegularFile, RunDir, is_run_id, not_regular, write_json_atomic
 
 RANK_ARG = "--rank"
 WORLD_SIZE_ARG = "--world-size"
@@ -128,14 +129,55 @@ def _wait_beating(supervisor: subprocess.Popen, run: RunDir, every_s: float) -> 
         beater.join()
 
 
+def _open_append(path: Path) -> int:
+    """A descriptor that appends to path, created if missing, which must be a regular file (``rundir.open_run_file``
+    for writing). Raises NotRegularFile for a FIFO, a device, ...: the stat first keeps a device from being opened at
+    all, O_NONBLOCK keeps the open of a FIFO from waiting for a reader (with none it fails at once, ENXIO), and fstat
+    checks what was opened."""
+    kind = not_regular(path)
+    if kind is not None:
+        raise NotRegularFile(path, kind)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
+    fd = os.open(path, flags, 0o644)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFile(path, not_regular(path) or "not a regular file")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _append(path: Path, data: bytes) -> str | None:
+    """Append data to the regular file path; why it could not be, else None."""
+    try:
+        fd = _open_append(path)
+    except NotRegularFile as exc:
+        return f"{path} is {exc.kind}, not a regular file"
+    except OSError as exc:
+        return f"{path}: {exc.strerror or exc}"
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError as exc:
+        return f"{path}: {exc.strerror or exc}"
+    finally:
+        os.close(fd)
+    return None
+
+
 def _refused(run: RunDir, message: str) -> int:
     """The rank cannot start on this node (no such folder, no Python with vLLM): recorded as a run that could not
-    start, the way the supervisor records a missing command."""
-    with open(run.log_path, "ab") as log:
-        log.write(f"eaglewatch: cannot start the rank on this node: {message}\n".encode("utf-8", "replace"))
+    start, the way the supervisor records a missing command. A log that cannot be written (a FIFO put there) is
+    said in exit.json's error and the batch output, not waited on."""
+    problem = _append(run.log_path, f"eaglewatch: cannot start the rank on this node: {message}\n"
+                      .encode("utf-8", "replace"))
+    error = message if problem is None else f"{message} (and the run's log cannot be written: {problem})"
     write_json_atomic(run.exit_path, {"code": EXIT_BAD_TASK, "signal": None, "signal_name": None,
-                                      "ended_at": time.time(), "error": message, "recorded_by": "slurm_task"})
-    _say(f"cannot start the rank: {message}")
+                                      "ended_at": time.time(), "error": error, "recorded_by": "slurm_task"})
+    _say(f"cannot start the rank: {error}")
     return EXIT_BAD_TASK
 
 
