@@ -90,7 +90,10 @@ def test_cli_without_pynvml_streams_host_samples(tmp_path) -> None:
     assert result.returncode == 0, result.stderr
     messages = [protocol.decode(line) for line in result.stdout.splitlines()]
     assert len(messages) == 5
-    assert all("nvidia-ml-py" in m["nvml"] and m["gpus"] == [] and m["host"]["ram_total"] for m in messages)
+    # Without the Python bindings the driver's own library is what is looked for (telemetry/nvml_driver.py): the
+    # reason is the missing driver, not a missing package.
+    assert all("libnvidia-ml.so.1" in m["nvml"] and "nvidia-ml-py" not in m["nvml"] and m["gpus"] == []
+               and m["host"]["ram_total"] for m in messages)
     # Reported once, not once a sample.
     assert result.stderr.count("GPU telemetry is off") == 1
     # It waited between samples instead of retrying NVML in a loop: most of the wall time was spent asleep.
@@ -104,6 +107,9 @@ def test_without_psutil_the_host_part_says_what_is_missing(tmp_path) -> None:
         "import json, os\n"
         "from eaglewatch.pipeline.telemetry import TelemetrySampler\n"
         f"s = TelemetrySampler(output_dir={str(tmp_path)!r}, job_pids_fn=lambda: [os.getpid()])\n"
+        "import time\n"
+        "busy_until = time.process_time() + 0.2\n"
+        "while time.process_time() < busy_until: pass\n"
         "print(json.dumps(s.sample()))\n"
         "print(json.dumps(sorted(s.host.sample([os.getppid()])[1])))\n"
     )
@@ -112,8 +118,10 @@ def test_without_psutil_the_host_part_says_what_is_missing(tmp_path) -> None:
     first, second = result.stdout.splitlines()
     message = json.loads(first)
     host = message["host"]
-    assert "psutil" in host["psutil"]
-    assert host["procs"] is None and host["cpu_percent"] is None
+    assert "psutil" in host["psutil"] and "CPU" not in host["psutil"]
+    assert host["procs"] is None
+    # The host's CPU use still comes, from /proc/stat's counters since the sampler started.
+    assert isinstance(host["cpu_percent"], float) and 0 < host["cpu_percent"] <= 100
     # What the standard library gives is still there.
     assert host["ram_total"] > 0 and host["load1"] is not None and host["disk"]["free"] > 0
     assert "n/a" in "\n".join(render_lines(message))

@@ -24,7 +24,7 @@ import time
 from collections import deque
 from typing import Any, Iterable
 
-_PSUTIL_MISSING = "psutil is not installed: CPU use, the job's processes and IO rates are n/a"
+_PSUTIL_MISSING = "psutil is not installed: the job's processes and IO rates are n/a"
 
 
 def _import_psutil() -> Any:
@@ -262,6 +262,7 @@ class HostSampler:
         self._tree_earliest = 0.0
         self._io: tuple[float, Any, Any] | None = None
         self._cpu_primed_at: float | None = None
+        self._proc_stat: tuple[int, int] | None = None if self.psutil is not None else _proc_stat_cpu()
         if self.psutil is not None:
             self.psutil.cpu_percent(interval=None)  # the first call only primes the counter
             self._cpu_primed_at = time.monotonic()
@@ -438,9 +439,15 @@ class HostSampler:
             }
         return net_rates, disk_rates
 
-    @staticmethod
-    def _sample_without_psutil(host: dict[str, Any]) -> None:
+    def _sample_without_psutil(self, host: dict[str, Any]) -> None:
         host["psutil"] = _PSUTIL_MISSING
+        # The host's CPU use from /proc/stat's counters since the last sample (none at the first).
+        counters = _proc_stat_cpu()
+        if counters is not None and self._proc_stat is not None:
+            busy, total = counters[0] - self._proc_stat[0], counters[1] - self._proc_stat[1]
+            if total > 0:
+                host["cpu_percent"] = round(max(0.0, min(100.0, 100.0 * busy / total)), 1)
+        self._proc_stat = counters
         info = _meminfo()
         if "MemTotal" in info:
             host["ram_total"] = info["MemTotal"]
@@ -450,6 +457,22 @@ class HostSampler:
         if "SwapTotal" in info:
             host["swap_total"] = info["SwapTotal"]
             host["swap_used"] = info["SwapTotal"] - info.get("SwapFree", 0)
+
+
+def _proc_stat_cpu(path: str = "/proc/stat") -> tuple[int, int] | None:
+    """(busy, total) clock ticks of all CPUs, from the first line of /proc/stat; None where there is none."""
+    try:
+        with open(path, "rb") as f:
+            line = f.readline(4096)
+        parts = line.split()
+        if not parts or parts[0] != b"cpu":
+            return None
+        # user nice system idle iowait irq softirq steal (guest time is counted in user already)
+        values = [int(v) for v in parts[1:9]]
+    except (OSError, ValueError):
+        return None
+    idle = sum(values[3:5])
+    return sum(values) - idle, sum(values)
 
 
 def _round(value: float | None) -> float | None:

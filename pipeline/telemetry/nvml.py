@@ -1,4 +1,5 @@
-"""NVML IO: read raw per-GPU readings through ``pynvml`` (the ``nvidia-ml-py`` distribution).
+"""NVML IO: read raw per-GPU readings through ``pynvml`` (the ``nvidia-ml-py`` distribution) where the Python has
+it, else straight from the driver's ``libnvidia-ml.so.1`` (:mod:`.nvml_driver`, ctypes).
 
 This module only talks to NVML and turns its ctypes structures into plain, JSON-ready dicts ("raw readings").
 What those readings mean for the operator (units, throttle names, which process is which rank) is decided in
@@ -135,14 +136,13 @@ class NvmlSource:
         if nv is None:
             try:
                 import pynvml  # noqa: PLC0415 - optional, heavy-ish, GPU hosts only
+
+                nv = pynvml
             except ImportError:
-                self.reason = (
-                    "the nvidia-ml-py package (pynvml) is not installed, so GPU telemetry is off "
-                    "(host samples continue)"
-                )
-                log.warning("telemetry: %s", self.reason)
-                return False
-            nv = pynvml
+                # The host's Python has no bindings: the driver's own library, through ctypes, gives the same.
+                from .nvml_driver import DriverNvml  # noqa: PLC0415
+
+                nv = DriverNvml()
         self._nv = nv
         try:
             nv.nvmlInit()
