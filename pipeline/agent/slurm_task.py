@@ -193,7 +193,10 @@ def _exit_like(run: RunDir, supervisor_status: int) -> int:
     if isinstance(number, int) and number > 0:
         sys.stdout.flush()
         sys.stderr.flush()
-        signal.signal(number, signal.SIG_DFL)
+        try:
+            signal.signal(number, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass  # SIGKILL and SIGSTOP cannot be caught, so they already have their default action
         os.kill(os.getpid(), number)
         return 128 + number  # a signal that does not end a process (SIGCHLD) leaves the conventional code
     return 1
