@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The target family on a real GPU (an H200 with vLLM 0.26 installed in /tmp/site, see ../shared/gpu/README.md):
+# The target family on a real GPU (an H200 with vLLM 0.26 installed in /tmp/site, see bench/gpu_wheels.sh):
 #
 #   bf16 half:  the Kimi-K2.5 config's miniature through `eaglewatch preflight` (bf16: its quantization_config
 #               removed); a DeepSeek-V3 MoE with DeepSeek-V3's MLA dimensions (128/64/128, kv_lora_rank 512,
@@ -44,7 +44,7 @@ say() { echo "[family-run $HALF +$(( $(date +%s) - T_HALF ))s] $*" | tee -a "$OU
 . "$REPO/bench/gpu_steps.sh"
 
 python3 -c "import vllm, sys; print('vllm', vllm.__version__, file=sys.stderr)" 2>>"$OUT/console.txt" || {
-    say "vLLM does not import with PYTHONPATH=$PYTHONPATH: install it first (../shared/gpu/README.md)"; exit 2; }
+    say "vLLM does not import with PYTHONPATH=$PYTHONPATH: install it first (bench/gpu_wheels.sh)"; exit 2; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >> "$OUT/console.txt" 2>&1
 
 # Target configs. DeepSeek-V3's and Qwen3-30B-A3B's published values, less their quantization (DeepSeek-V3's is

@@ -21,7 +21,7 @@
 # folder `train` extracted), `all` both. The extraction uses --no-preflight --enforce-eager to spend the device's
 # time on the trainer: the tensors are the same as with preflight, and eager mode changes no file's layout.
 #
-# vLLM must be installed in /tmp/site (../shared/gpu/README.md); the speculators wheels (speculators, hs-connectors,
+# vLLM must be installed in /tmp/site (bench/gpu_wheels.sh); the speculators wheels (speculators, hs-connectors,
 # datasets, multiprocess) go to /tmp/spec-site. A copy run from outside the checkout needs EW_REPO=<checkout>.
 set -u
 STAGE=${1:-all}
