@@ -316,7 +316,17 @@ def _last_match(pattern: re.Pattern[str], log_path: Path) -> str | None:
 def compare_miniature(launch: MiniatureLaunch, verdict: MiniatureResult, elapsed_before: float) -> MiniatureResult:
     """After a passed verdict: the miniature's output against transformers on one sample (vllm engine only)."""
     started = time.monotonic()
-    report = verify(launch.base / "out", against_hf=1)
+    # transformers' loading bar would land in the job's own log, read as the job's first load (its "39/39" beside
+    # the real "8/8"): the reference load is the miniature's, and says nothing the verdict does not.
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        report = verify(launch.base / "out", against_hf=1)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
     seconds = elapsed_before + time.monotonic() - started
     details = {"against_hf": report.against_hf} if report.against_hf else {}
     if report.against_hf and not report.against_hf["passed"]:
