@@ -45,6 +45,9 @@ class HostEntry:
     target: str
     run_root: Optional[str] = None
     python: Optional[str] = None
+    # The agent's environment on the host: what sbatch, squeue and the jobs it starts see (SLURM_CONF, a PATH with
+    # Slurm's commands), where a non-interactive SSH session does not set it.
+    agent_env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,7 @@ _HEADER = re.compile(r"^\s*\[\[?\s*(?P<name>[^\]]*?)\s*\]\]?\s*(?:#.*)?$")
 _KNOWN = {
     "": ("dashboard", "hosts", "profiles"),
     "dashboard": ("stall_after_min", "low_disk_gb"),
-    "hosts": ("target", "run_root", "python"),
+    "hosts": ("target", "run_root", "python", "agent_env"),
     "profiles": ("host", "name", "cwd", "argv", "env"),
 }
 
@@ -192,7 +195,8 @@ def parse(text: str, path: Optional[Path] = None) -> Config:
             raise check.fail(section, None, "a named host needs a name")
         target = check.text(entry, section, "target", one_word=True) or name
         hosts[name] = HostEntry(name, target, check.text(entry, section, "run_root"),
-                                check.text(entry, section, "python"))
+                                check.text(entry, section, "python"),
+                                _environment(check, section, "agent_env", entry.get("agent_env", {})))
     profiles = {}
     for name, value in check.table(data.get("profiles", {}), ("profiles",)).items():
         section = ("profiles", name)
@@ -203,14 +207,20 @@ def parse(text: str, path: Optional[Path] = None) -> Config:
             raise check.fail(section, "argv", "must be a non-empty list of strings, the command first")
         if any("\0" in word for word in argv):
             raise check.fail(section, "argv", "must not hold a NUL character")
-        env = check.table(entry.get("env", {}), section, "env")
-        for key, val in env.items():
-            if not key or "=" in key or "\0" in key or not isinstance(val, str) or "\0" in val:
-                raise check.fail(section, "env", f"must map names (no '=') to strings: {_shown(key)} = {_shown(val)}")
+        env = _environment(check, section, "env", entry.get("env", {}))
         host = check.text(entry, section, "host", one_word=True)
         profiles[name] = Profile(name, list(argv), host, check.text(entry, section, "name"),
                                  check.text(entry, section, "cwd"), dict(env))
     return Config(path, hosts, profiles, stall_min * 60, int(low_disk_gb * 1024**3))
+
+
+def _environment(check: "_Checker", section: tuple[str, ...], key: str, value: Any) -> dict[str, str]:
+    """An environment table: names (no '=', no NUL) to strings."""
+    env = check.table(value, section, key)
+    for name, val in env.items():
+        if not name or "=" in name or "\0" in name or not isinstance(val, str) or "\0" in val:
+            raise check.fail(section, key, f"must map names (no '=') to strings: {_shown(name)} = {_shown(val)}")
+    return dict(env)
 
 
 def load(path: Optional[str] = None) -> Config:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, NoReturn, Optional, ParamSpec, TypeVar
@@ -46,6 +47,10 @@ def add_connection_options(parser: argparse.ArgumentParser) -> None:
     ssh.add_argument("--python", default=None,
                      help="Python on the host that runs the agent (default: the host's python in the config file, "
                           f"else ${REMOTE_PYTHON_ENV}, else {DEFAULT_REMOTE_PYTHON})")
+    ssh.add_argument("--agent-env", action="append", default=[], metavar="NAME=VALUE",
+                     help="environment of the agent on the host, beside its SSH session's: what sbatch, squeue and "
+                          "the jobs it starts see (e.g. SLURM_CONF=/etc/slurm/slurm.conf); repeat for several "
+                          "(default: the host's agent_env in the config file)")
     ssh.add_argument("--accept-host-key", metavar="FINGERPRINT", default=None,
                      help="accept an unknown host key with this SHA256 fingerprint and record it in known_hosts")
     ssh.add_argument("--config", default=None, metavar="FILE",
@@ -81,16 +86,32 @@ def resolve_host(args: argparse.Namespace, host: Optional[str] = None,
     entry = cfg.host(name)
     named = args.python or entry.python or os.environ.get(REMOTE_PYTHON_ENV) or None
     python = named or DEFAULT_REMOTE_PYTHON
+    agent_env = {**entry.agent_env, **_agent_env(getattr(args, "agent_env", None) or [])}
     options = SSHOptions(
         config_path=args.ssh_config,
         known_hosts=tuple(args.known_hosts) if args.known_hosts else None,
         identity_files=tuple(args.identity),
         use_ssh_agent=not args.no_ssh_agent,
         python=python,
+        agent_env=tuple(agent_env.items()),
     )
     target = HostTarget(name, entry.target, args.run_root or entry.run_root, options, named)
     warn_ssh_config(target)
     return target
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _agent_env(words: list[str]) -> dict[str, str]:
+    """``--agent-env NAME=VALUE`` words as a mapping; a word that is not one is one line."""
+    env: dict[str, str] = {}
+    for word in words:
+        name, sep, value = word.partition("=")
+        if not sep or "\0" in value or not _ENV_NAME.fullmatch(name):
+            raise UserError(f"--agent-env {safe_text(word)!s}: give NAME=VALUE, NAME made of letters, digits and _")
+        env[name] = value
+    return env
 
 
 _SSH_CONFIG_WARNED: set[tuple[str, str]] = set()

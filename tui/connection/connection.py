@@ -112,7 +112,7 @@ class Connection:
     # --- links ---------------------------------------------------------------------------------------
     def _open_link(self) -> Any:
         if self.endpoint is None:
-            return LocalLink(self.run_root, self.idle_exit_s)
+            return LocalLink(self.run_root, self.idle_exit_s, env=self.ssh_options.agent_env)
         return open_ssh_link(self.endpoint, self.ssh_options, self._uploader, self.run_root, self.idle_exit_s)
 
     def _open_session(self) -> AgentSession:

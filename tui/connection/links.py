@@ -56,8 +56,11 @@ class Link(Protocol):
     def close(self) -> None: ...
 
 
-def agent_argv(python: str, entry: Sequence[str], run_root: str | None, idle_exit_s: float | None) -> list[str]:
-    argv = [python, *entry, "serve", "--protocol", str(protocol.PROTOCOL_VERSION)]
+def agent_argv(python: str, entry: Sequence[str], run_root: str | None, idle_exit_s: float | None,
+               env: Sequence[tuple[str, str]] = ()) -> list[str]:
+    # env(1) sets the agent's environment on the host whatever its login shell is.
+    argv = ["env", *(f"{name}={value}" for name, value in env)] if env else []
+    argv += [python, *entry, "serve", "--protocol", str(protocol.PROTOCOL_VERSION)]
     if run_root:
         argv += ["--run-root", run_root]
     if idle_exit_s is not None:
@@ -73,10 +76,12 @@ def remote_command(argv: Sequence[str]) -> str:
 class LocalLink:
     """The agent as a child process of this one (``local`` target: the demo, tests, an operator on the host)."""
 
-    def __init__(self, run_root: str | None, idle_exit_s: float | None = None, python: str | None = None) -> None:
+    def __init__(self, run_root: str | None, idle_exit_s: float | None = None, python: str | None = None,
+                 env: Sequence[tuple[str, str]] = ()) -> None:
         argv = agent_argv(python or sys.executable, ["-m", "eaglewatch.pipeline.agent"], run_root, idle_exit_s)
         self.description = "local agent"
-        self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      env={**os.environ, **dict(env)} if env else None)
         self._stderr = bytearray()
         self._stderr_thread = threading.Thread(target=self._drain_stderr, daemon=True, name="eaglewatch-local-stderr")
         self._stderr_thread.start()
@@ -324,7 +329,8 @@ def open_ssh_link(
     except BaseException:
         chain.close()
         raise
-    return SSHLink(chain, remote_command(agent_argv(options.python, [remote], run_root, idle_exit_s)), endpoint)
+    argv = agent_argv(options.python, [remote], run_root, idle_exit_s, options.agent_env)
+    return SSHLink(chain, remote_command(argv), endpoint)
 
 
 def start_error(link: Link, what: str) -> AgentStartError:

@@ -49,6 +49,9 @@ class SSHOptions:
     banner_timeout_s: float = 5.0
     # The remote interpreter that runs the agent (absolute paths avoid a PATH lookup through the login shell).
     python: str = "python3"
+    # The agent's environment on the host, beside what its SSH session gives it (SLURM_CONF, PATH): what sbatch,
+    # squeue and the jobs it starts see. Passed as ``env NAME=VALUE … python3 agent`` (every word quoted).
+    agent_env: tuple[tuple[str, str], ...] = ()
     # Where the agent zipapp is uploaded, relative to the remote home unless absolute.
     agent_dir: str = ".eaglewatch/agent"
     extra: dict[str, Any] = field(default_factory=dict)
