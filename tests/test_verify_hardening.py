@@ -4,6 +4,7 @@ eaglewatch output, exit 1 and a named file for a bad sample file), never a trace
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import struct
 
@@ -114,7 +115,13 @@ def _empty(path):
 def _folder(path):
     path.unlink()
     path.mkdir()
-    return "unreadable: [Errno 21] Is a directory"
+    return "unreadable: it is a folder, not a regular file"
+
+
+def _fifo(path):
+    path.unlink()
+    os.mkfifo(path)  # opened plainly, it would wait for a writer for ever
+    return "unreadable: it is a FIFO, not a regular file"
 
 
 def _loop(path):
@@ -134,7 +141,7 @@ def _altered_in_place(path):
 
 
 SAMPLE_FILES = {f.__name__.strip("_"): f for f in (_header_list, _bad_offsets, _unknown_dtype, _wrong_sizes,
-                                                   _huge_header_length, _empty, _folder, _loop, _altered_in_place)}
+                                                   _huge_header_length, _empty, _folder, _fifo, _loop, _altered_in_place)}
 
 
 @pytest.mark.parametrize("case", SAMPLE_FILES)

