@@ -221,3 +221,15 @@ def test_the_supervisors_word_on_leftover_processes_is_alerted_after_the_end():
     model.feed_event(event(p.EVENT_WARNING, message="a pipeline warning"))
     alerts = [a for a in model.alerts_since(0) if a.kind == "processes"]
     assert [a.message for a in alerts] == ["1 process(es) of the run outlived its main process (pids 7)"]
+
+
+def test_a_run_with_nothing_left_to_do_counts_what_it_found_done_not_another_bar():
+    """A resumed run that finds every sample done draws no bar of its own; the preflight miniature's
+    "Extracting hidden states 4/4" in its log (its \\r updates reach the main lane) is not the run's count."""
+    model = RunModel("h", {"run": "r", "state": "running"})
+    model.feed_log(b"(Miniature pid=7) \nExtracting hidden states:   0%|   | 0/4 [00:00<?, ?sample/s]"
+                   b"\rExtracting hidden states: 100%|###| 4/4 [00:00<00:00, 25.95sample/s]\n")
+    model.feed_event(event(p.EVENT_INFO, samples=11, tokens=1_863, resumed_samples=11))
+    model.feed_event(event(p.EVENT_PHASE, phase="done"))
+    extraction = model.snapshot().extraction
+    assert (extraction.done, extraction.total) == (11, 11)

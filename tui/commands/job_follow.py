@@ -38,8 +38,6 @@ TICK_S = 0.25
 TELEMETRY_INTERVAL_S = 1.0
 SLICE_BYTES = 32 * 1024
 MAX_PENDING_BATCHES = 64
-# How often a finished watch is taken up again when the events file is longer than what it delivered.
-MAX_RESUMES = 3
 
 
 @dataclass(eq=False)
@@ -54,7 +52,6 @@ class _Followed:
     watch: Optional["RunWatch"] = None
     pending: int = 0  # batches handed over and not yet fed
     finished: bool = False
-    resumes: int = 0  # times its watch was taken up again after ending early (FleetFollower._resume)
     dropped: threading.Event = field(default_factory=threading.Event)
 
 
@@ -156,8 +153,6 @@ class FleetFollower:
                 current.model.set_summary(cast(RunSummary, summary))
             if current.watch is None and not current.finished:
                 self._subscribe(current, entry)
-            elif current.finished and current.resumes < MAX_RESUMES and _undelivered(current.watch, summary):
-                self._resume(current, entry)
             self._recorded_gpus(current, entry)
             return
         if current is not None:
@@ -188,23 +183,6 @@ class FleetFollower:
         except Exception:  # the rank's row says why (the snapshot's error); the next poll tries again
             followed.watch = None
         self._recorded_gpus(followed, entry)
-
-    def _resume(self, followed: _Followed, entry: dict[str, Any]) -> None:
-        """The watch ended with bytes of the run still unread (its files are longer than what reached the model:
-        seen with a short resubmitted Slurm rank on a loaded machine, whose row then kept its resumed count as if
-        nothing ran): follow it again from what was delivered, into the same model."""
-        old = followed.watch
-        if old is None or followed.connection is None:
-            return
-        followed.resumes += 1
-        try:
-            followed.connection.unwatch(old)
-            followed.watch = followed.connection.watch(
-                followed.run, log_offset=old.log.delivered, events_offset=old.events_offset,
-                callback=lambda batch: self._hand_off(followed, batch))
-            followed.finished = False
-        except Exception:  # the next poll tries again
-            followed.watch = old
 
     def _recorded_gpus(self, followed: _Followed, entry: dict[str, Any]) -> None:
         """A Slurm rank's node is not the target, whose telemetry is its own: the node's GPUs are known from what
@@ -312,13 +290,6 @@ class FleetFollower:
                 mine = shared if self.ops.scheduler == SSH else [i for i in shared if isinstance(i, LinkState)]
                 if mine:
                     followed.model.feed_items(mine)
-
-
-def _undelivered(watch: Optional["RunWatch"], summary: dict[str, Any]) -> bool:
-    """Whether the run's events file, as the last snapshot measured it, holds more than the watch delivered (the
-    log is not compared: a last line without its end is held back by design)."""
-    events = summary.get("events_size")
-    return watch is not None and isinstance(events, int) and events > watch.events_offset
 
 
 def _dict(value: Any) -> dict[str, Any]:

@@ -569,7 +569,10 @@ class RunModel:
         info, prog, disk = self._info, self._progress, self._disk
         total = _int(prog.get("total")) or _int(info.get("samples"))
         done = _int(prog.get("done"))
-        if done is None:
+        # A run that said how many samples it found done (eaglewatch's info event) is counted by its own events: a
+        # bar in its log may be another's (the preflight miniature's "Extracting hidden states 4/4", whose \r
+        # updates reach the main lane), and a run with nothing left to do draws none of its own.
+        if done is None and info.get("resumed_samples") is None:
             for bar in self.decoder.state.bars_list():
                 if bar.last.desc.startswith(_EXTRACT_BAR):
                     done = int(bar.last.n)
