@@ -57,6 +57,21 @@ def wants_dashboard(args: argparse.Namespace) -> bool:
     return not args.no_tui and sys.stdin.isatty() and sys.stdout.isatty()
 
 
+def shadows_the_package(folder: str) -> bool:
+    """Whether ``folder`` holds a folder named ``eaglewatch`` that is not this package (the top of a checkout named
+    so, as ``git clone … eaglewatch`` makes): ``python -m eaglewatch`` started there imports that folder instead of
+    the installed package when the installation is an editable one (its finder comes after the working folder)."""
+    candidate = os.path.join(folder, "eaglewatch")
+    if not os.path.isdir(candidate):
+        return False
+    import eaglewatch
+
+    try:
+        return not os.path.samefile(candidate, os.path.dirname(os.path.abspath(eaglewatch.__file__)))
+    except OSError:
+        return True
+
+
 def run(args: argparse.Namespace) -> int:
     if wants_dashboard(args):
         try:
@@ -64,6 +79,13 @@ def run(args: argparse.Namespace) -> int:
         except ImportError as exc:  # the operator side (textual) is not installed: plain output
             print(f"[demo] no dashboard ({exc}); printing the steps instead", file=sys.stderr)
         else:
+            if shadows_the_package(os.getcwd()):
+                # The demo's job is a `python -m eaglewatch demo` started in this process's working folder: run it
+                # from the demo's own folder, where nothing can stand in for the package.
+                workdir = os.path.abspath(os.path.expanduser(args.workdir))
+                os.makedirs(workdir, exist_ok=True)
+                args.workdir = workdir  # a relative --workdir keeps naming the folder it named
+                os.chdir(workdir)
             return run_demo_dashboard(args)
     return run_steps(args)
 
@@ -106,6 +128,10 @@ def run_steps(args: argparse.Namespace) -> int:
                         # the fault demo goes straight to the load and shows the crash half a minute sooner.
                         no_miniature=args.fault)
     manifest = run_extract(cfg)
+    # The reference load's bar would read as a second loading bar of the run, after its real one.
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     result = verify(out, against_hf=2 if engine == "vllm" else 0)
     print(f"[demo] {manifest.get('samples_done', manifest.get('samples_total'))} samples in {out}; "
           f"verify: {'PASS' if result.passed else 'FAIL'}"

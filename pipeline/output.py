@@ -548,7 +548,7 @@ def check_free_space(output_dir: Path, needed_bytes: int, margin: float = 1.05) 
     free = shutil.disk_usage(output_dir).free
     if free < needed_bytes * margin:
         raise UserError(
-            f"not enough disk for the output: about {needed_bytes / 1e9:.2f} GB needed, {free / 1e9:.2f} GB free "
+            f"not enough disk for the output: about {needed_bytes / 2**30:.2f} GiB needed, {free / 2**30:.2f} GiB free "
             f"on the filesystem of {output_dir}"
         )
     return free

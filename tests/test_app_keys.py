@@ -48,21 +48,29 @@ def test_stop_asks_first_then_stops_the_job(run_root):
     async def scenario():
         async with app.run_test(size=(100, 30), notifications=True) as pilot:
             screen = await open_screen(pilot, app)
-            await pilot.press("s")
-            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 30, what="confirm")
-            await pilot.press("n")  # cancelled: nothing happens
-            await wait_until(pilot, lambda: app.screen is screen, 30, what="the dialog closed")
-            # The dialog's answer is handled as it closes: a stop would have started its command worker by now.
-            assert not [worker for worker in app.workers if worker.group == "command"]
-            assert status(run_root, screen.run_id)["state"] == "running"
+            for key in ("n", "escape", "enter"):  # each cancels: Enter presses the focused button, Cancel
+                await pilot.press("s")
+                await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 30, what="confirm")
+                await wait_until(pilot, lambda: "y stop · n/Esc cancel" in screen_text(app), 30, what="its keys")
+                await pilot.press(key)
+                await wait_until(pilot, lambda: app.screen is screen, 30, what=f"the dialog closed by {key}")
+                # The dialog's answer is handled as it closes: a stop would have started its command worker by now.
+                assert not [worker for worker in app.workers if worker.group == "command"], key
+                assert status(run_root, screen.run_id)["state"] == "running"
             await pilot.press("s")
             await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 30, what="confirm")
             await pilot.press("y")
             await wait_until(pilot, lambda: screen.model.snapshot().exit_text, 30, what="the stop")
             view = screen.model.snapshot()
-            assert view.exit_text == "killed by SIGTERM" and view.phase == "failed"
-            assert status(run_root, screen.run_id)["state"] == "exited"
-            await wait_until(pilot, lambda: "killed by SIGTERM" in screen_text(app), 30, what="the painted end")
+            # The operator's stop reads as one: not FAILED, not an alert.
+            assert view.exit_text == "stopped by the operator (SIGTERM)" and view.phase == "stopped"
+            assert "failed" not in view.marks and not screen.model.alerts_since(0)
+            final = status(run_root, screen.run_id)
+            assert final["state"] == "exited" and final["exit"]["stopped"] is True
+            assert final["exit"]["signal_name"] == "SIGTERM"
+            await wait_until(pilot, lambda: "STOPPED" in screen_text(app)
+                             and "stopped by the operator (SIGTERM)" in screen_text(app), 30, what="the painted end")
+            assert "FAILED" not in screen_text(app)
 
     asyncio.run(scenario())
 
@@ -136,7 +144,13 @@ def test_restart_from_the_keyboard_with_edited_arguments(run_root):
                                       what="restart dialog")
             field = dialog.query_one("#argv")
             assert "tick" in field.value
+            await pilot.press("tab")  # focus starts on Cancel; Tab goes round to the arguments
+            assert dialog.focused is field
             field.value = field.value.replace("tick {i}", "tock {i}")
+            await pilot.press("enter")  # in the field: checks the arguments and moves to Restart
+            await wait_until(pilot, lambda: dialog.focused is dialog.query_one("#restart"), 30,
+                             what="Restart focused")
+            assert app.screen is dialog  # nothing restarted yet
             await pilot.press("enter")
             new_screen = await wait_until(pilot, lambda: run_screen(app) is not screen and run_screen(app), 60,
                                           what="the new run's screen")

@@ -121,7 +121,10 @@ def test_the_checklist_fills_in_and_the_miniature_ticks_then_fails_with_its_root
                              and "1. AssertionError at vllm_connector.py" in screen_text(app), 30,
                              what="the failed miniature in the checklist and the failure panel")
             text = screen_text(app)
-            assert "preflight · miniature" in text and "▸" not in text
+            assert "▸" not in text
+            await pilot.press("f")  # full screen: each failure with its lanes on a line of their own
+            await wait_until(pilot, lambda: "preflight · miniature" in screen_text(app), 30,
+                             what="the failure's lanes in the full-screen failures")
 
     asyncio.run(scenario())
 

@@ -25,4 +25,4 @@ def test_the_disk_line_says_what_the_rest_needs_rather_than_when_the_disk_would_
     assert "full in 35s" in rate_only
     known = extraction_text(dataclasses.replace(view, extraction=dataclasses.replace(ex, bytes_to_go=8 * 10**9)),
                             80).plain
-    assert "needs 8.0 GB more" in known and "full in" not in known
+    assert "needs 7.5 GiB more" in known and "full in" not in known

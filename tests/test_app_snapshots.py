@@ -1,4 +1,4 @@
-"""Snapshots of the run screen at 80x24 and 160x48, from real logs and real H200 telemetry, with fixed clocks.
+"""Snapshots of the run screen, its full-screen views and its help at 80x24 and 120x36, from real logs and real H200 telemetry, with fixed clocks.
 
 Update after an intended change of the look: pytest tests/test_app_snapshots.py --snapshot-update
 """
@@ -14,6 +14,8 @@ from app_support import crashed_model, extracting_model, wait_until
 
 from eaglewatch.tui.app.app import DashboardApp
 from eaglewatch.tui.app.screens.run import RunScreen
+
+SIZES = pytest.mark.parametrize("size", [(80, 24), (120, 36)], ids=["80x24", "120x36"])
 
 
 def quiet(model):
@@ -33,21 +35,37 @@ def quiet(model):
     return app, settle
 
 
-@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
+@SIZES
 def test_crashed_run(snap_compare, size):
     app, settle = quiet(crashed_model())
     assert snap_compare(app, terminal_size=size, run_before=settle)
 
 
-@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
+@SIZES
 def test_run_mid_extraction(snap_compare, size):
     app, settle = quiet(extracting_model())
     assert snap_compare(app, terminal_size=size, run_before=settle)
 
 
-def test_full_screen_failures_at_80x24(snap_compare):
+@SIZES
+@pytest.mark.parametrize("key", ["f", "g", "l", "question_mark"], ids=["failures", "gpus", "log", "help"])
+def test_full_screen_views(snap_compare, key, size):
     app, settle = quiet(crashed_model())
-    assert snap_compare(app, terminal_size=(80, 24), run_before=settle, press=["f"])
+    assert snap_compare(app, terminal_size=size, run_before=settle, press=[key])
+
+
+@SIZES
+def test_read_only(snap_compare, size):
+    model = extracting_model()
+    app = DashboardApp("gpu-box", model=model, read_only=True)
+
+    async def settle_this(pilot):
+        await wait_until(pilot, lambda: isinstance(app.screen, RunScreen) and app.screen.redraws > 0, 30,
+                         what="the run screen")
+        app.clear_notifications()
+        await wait_until(pilot, lambda: not app.screen.query("Toast"), 30, what="the toasts gone")
+
+    assert snap_compare(app, terminal_size=size, run_before=settle_this)
 
 
 def provisional_model():
@@ -73,13 +91,13 @@ def provisional_model():
     return model
 
 
-@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
+@SIZES
 def test_provisional_failure(snap_compare, size):
     app, settle = quiet(provisional_model())
     assert snap_compare(app, terminal_size=size, run_before=settle)
 
 
-@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
+@SIZES
 def test_preflight_miniature_running(snap_compare, size):
     from test_app_preflight import miniature_running_model
 
@@ -87,8 +105,38 @@ def test_preflight_miniature_running(snap_compare, size):
     assert snap_compare(app, terminal_size=size, run_before=settle)
 
 
-def test_preflight_miniature_failed_at_80x24(snap_compare):
+@SIZES
+def test_preflight_miniature_failed(snap_compare, size):
     from test_app_preflight import miniature_failed_model
 
     app, settle = quiet(miniature_failed_model())
-    assert snap_compare(app, terminal_size=(80, 24), run_before=settle)
+    assert snap_compare(app, terminal_size=size, run_before=settle)
+
+
+def dialog(name: str, model):
+    from eaglewatch.tui.app.screens.dialogs import ConfirmScreen, HostKeyScreen, RestartScreen, TracebackScreen
+
+    run = "20251130-041140-3f9a2c-extract"
+    return {
+        "stop": lambda: ConfirmScreen(f"Stop run {run}? Its whole process group gets SIGTERM, then SIGKILL after 10 s.",
+                                      "Stop"),
+        "restart": lambda: RestartScreen(run, list(model.snapshot().argv)),
+        "traceback": lambda: TracebackScreen(model.snapshot().failures[0]),
+        "host key": lambda: HostKeyScreen("gpu-box:22", "ssh-ed25519",
+                                          "SHA256:m1Tn6ePqk4CxYLHn6wtm3AmkFYqG9Tbcs1pVW5J7Hg8", "~/.ssh/known_hosts"),
+    }[name]()
+
+
+@SIZES
+@pytest.mark.parametrize("name", ["stop", "restart", "traceback", "host key"])
+def test_dialogs(snap_compare, name, size):
+    model = crashed_model()
+    app, settle = quiet(model)
+
+    async def open_dialog(pilot):
+        await settle(pilot)
+        screen = app.screen
+        app.push_screen(dialog(name, model))
+        await wait_until(pilot, lambda: app.screen is not screen, 30, what=f"the {name} dialog")
+
+    assert snap_compare(app, terminal_size=size, run_before=open_dialog)

@@ -177,7 +177,7 @@ def test_c_cancels_the_job_after_the_confirm_and_stops_the_ranks_still_running(r
             await wait_until(pilot, lambda: "tick" in screen_text(app), 30, what="rank 1's log")
             await pilot.press("r")
             await wait_until(pilot, lambda: isinstance(app.screen, RestartScreen), 30, what="the restart dialog")
-            await pilot.press("enter")
+            await pilot.press("y")
             again = await wait_until(pilot, lambda: isinstance(app.screen, RunScreen) and app.screen is not opened
                                      and app.screen, 60, what="the new run's screen")
             await wait_until(pilot, lambda: rows(screen)[1].run == again.run_id != first
@@ -197,7 +197,8 @@ def test_c_cancels_the_job_after_the_confirm_and_stops_the_ranks_still_running(r
             await pilot.press("y")
             await wait_until(pilot, lambda: screen.fleet.snapshot().state == "cancelled", 60, what="the job cancelled")
             # Each rank's end arrives with its own exit record: wait for all three, not only the job's state.
-            ended = [("done", "exit code 0"), ("cancelled", "killed by SIGTERM"), ("cancelled", "killed by SIGTERM")]
+            stopped = "stopped by the operator (SIGTERM)"
+            ended = [("done", "exit code 0"), ("cancelled", stopped), ("cancelled", stopped)]
             await wait_until(pilot, lambda: [(row.outcome, row.end_text) for row in screen.fleet.snapshot().rows]
                              == ended, 60, what=f"the ranks' ends {ended}")
             await wait_until(pilot, lambda: "CANCELLED" in screen_text(app), 30, what="the painted state")
@@ -217,3 +218,113 @@ def test_c_cancels_the_job_after_the_confirm_and_stops_the_ranks_still_running(r
     assert [s["state"] for s in states] == ["exited"] * 3
     assert states[1]["restart_of"] is not None  # rank 1's run is the one restarted from its run screen
     assert [s["exit"].get("signal_name") for s in states] == [None, "SIGTERM", "SIGTERM"]
+    assert [s["exit"].get("stopped") for s in states] == [None, True, True]
+    assert [s["exit"].get("stop", {}).get("via") for s in states] == [None, "stop", "stop"]
+
+
+# ---------------------------------------------------------------------------------------------- the list itself
+# On the fixed Slurm job of tests/test_fleet_snapshots.py (no job runs): the columns at both sizes, filtering and
+# sorting. Quick, but in this module with the other fleet view tests.
+
+def fixed_fleet_app():
+    from test_fleet_snapshots import fixed_fleet
+
+    return DashboardApp("login1", fleet=fixed_fleet())
+
+
+def shown_ranks(screen: FleetScreen) -> list[int]:
+    return [row.rank for row in screen.shown]
+
+
+async def painted_fleet(pilot, app) -> FleetScreen:
+    screen = await wait_until(pilot, lambda: fleet_screen(app), 30, what="the fleet view")
+    await wait_until(pilot, lambda: screen.redraws > 0 and "gpu-node-03" in screen_text(app), 30,
+                     what="the ranks painted")
+    return screen
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 36)], ids=["80x24", "120x36"])
+def test_the_fleet_view_fits_and_says_sizes_in_gib(size):
+    app = fixed_fleet_app()
+
+    async def scenario():
+        async with app.run_test(size=size) as pilot:
+            await painted_fleet(pilot, app)
+            lines = screen_text(app).splitlines()
+            assert all(len(line.rstrip()) <= size[0] for line in lines)
+            header = next(line for line in lines if "host/node" in line)
+            assert "rank↑" in header and "root cause" in header
+            footer = lines[-1]
+            for key in ("open", "restart", "cancel", "filter", "sort", "help", "quit"):
+                assert key in footer, footer
+            text = screen_text(app)
+            assert "GPU 29/140 GiB" in text and " GB" not in text  # the selected rank's line: binary units
+            if size[0] >= 120:
+                assert "GPU mem" in header and "29/140 GiB" in text and "29/281 GiB" in text
+            else:
+                assert "GPU mem" not in header  # the run screen has it
+            await pilot.press("q")
+
+    asyncio.run(scenario())
+
+
+def test_slash_filters_the_ranks_and_escape_brings_them_back():
+    app = fixed_fleet_app()
+
+    async def scenario():
+        async with app.run_test(size=(80, 24)) as pilot:
+            screen = await painted_fleet(pilot, app)
+            await pilot.press("slash", *"Fail")  # FAILED, failed, any case
+            await wait_until(pilot, lambda: shown_ranks(screen) == [1] and "1 of 4 ranks" in screen_text(app), 30,
+                             what="rank 1 only")
+            assert "gpu-node-03" not in screen_text(app).split("1 of 4 ranks")[0]
+            await pilot.press("enter")  # keeps it; Enter on the table then opens the rank (here: no run to show)
+            await wait_until(pilot, lambda: screen.focused is screen.query_one("#fleet-ranks"), 30,
+                             what="the table focused")
+            assert shown_ranks(screen) == [1]
+            await pilot.press("escape")
+            await wait_until(pilot, lambda: shown_ranks(screen) == [0, 1, 2, 3], 30, what="every rank back")
+            await pilot.press("slash", *"resources")  # Slurm's reason, in the last column
+            await wait_until(pilot, lambda: shown_ranks(screen) == [3], 30, what="the pending rank")
+            await pilot.press("escape")
+            await wait_until(pilot, lambda: shown_ranks(screen) == [0, 1, 2, 3], 30, what="cleared from the line")
+            await pilot.press("q")
+
+    asyncio.run(scenario())
+
+
+def test_o_sorts_by_each_column_shown_and_the_selection_stays_on_its_rank():
+    app = fixed_fleet_app()
+
+    async def scenario():
+        async with app.run_test(size=(80, 24)) as pilot:
+            screen = await painted_fleet(pilot, app)
+            await pilot.press("down", "down")
+            await wait_until(pilot, lambda: screen.selected() and screen.selected().rank == 2, 30, what="rank 2")
+            expected = [
+                ("host/node↑", [0, 1, 2, 3]),  # rank 3 has no node yet: last
+                ("state↑", [2, 1, 3, 0]),  # COMPLETED, FAILED, PENDING, RUNNING
+                ("phase↑", [3, 0, 2, 1]),  # pending, running, done, failed
+                ("samples↓", [0, 1, 2, 3]),  # the furthest along first; none known last
+                ("tokens/s↓", [0, 1, 2, 3]),
+                ("root cause↑", [1, 3, 0, 2]),  # GPU mem is not shown at 80 columns: skipped
+                ("rank↑", [0, 1, 2, 3]),
+            ]
+            for label, ranks in expected:
+                await pilot.press("o")
+                await wait_until(pilot, lambda ranks=ranks, label=label: shown_ranks(screen) == ranks
+                                 and label in screen_text(app), 30, what=f"sorted by {label}")
+                assert screen.selected().rank == 2
+            await pilot.press("o", "o", "O")  # state, reversed
+            await wait_until(pilot, lambda: shown_ranks(screen) == [0, 3, 1, 2] and "state↓" in screen_text(app), 30,
+                             what="sorted by state, reversed")
+            # Keys act on the rank selected, wherever the sort put it.
+            await pilot.press("enter")
+            await wait_until(pilot, lambda: any("rank 2 has no run to show" in m for m in notifications(app)), 30,
+                             what="Enter on rank 2")
+            await pilot.press("question_mark")
+            await wait_until(pilot, lambda: "reverse the sort" in screen_text(app), 30, what="the help")
+            await pilot.press("escape")
+            await pilot.press("q")
+
+    asyncio.run(scenario())

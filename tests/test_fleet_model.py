@@ -270,3 +270,23 @@ def test_a_run_the_operator_stopped_from_its_run_screen_is_cancelled_not_failed(
     assert (row.state, row.phase, row.outcome, row.end_text) == ("cancelled", "cancelled", "cancelled",
                                                                  "killed by SIGTERM")
     assert kinds(fleet) == []
+
+
+def test_a_run_whose_exit_says_the_operator_stopped_it_is_cancelled_with_or_without_its_model():
+    # Stopped outside this dashboard (``eaglewatch stop``, another screen): only its exit.json says who ended it.
+    stopped = {"signal": 15, "signal_name": "SIGTERM", "stopped": True, "ended_at": 1_010.0}
+    killed = {"signal": 15, "signal_name": "SIGTERM", "ended_at": 1_010.0}
+    fleet = FleetModel()
+    fleet.set_snapshot(job(rank(0, run="r0", summary=summary("r0", "exited", stopped)),
+                           rank(1, run="r1", summary=summary("r1")),
+                           rank(2, run="r2", summary=summary("r2", "exited", killed))))
+    model = RunModel("local", summary("r1"))
+    fleet.set_rank_model(1, model)
+    model.feed_job(p.JOB_EXITED, stopped, {})
+    fleet.tick()
+    rows = fleet.snapshot().rows
+    assert [(r.phase, r.outcome, r.end_text) for r in rows] == [
+        ("cancelled", "cancelled", "stopped by the operator (SIGTERM)"),
+        ("cancelled", "cancelled", "stopped by the operator (SIGTERM)"),
+        ("failed", "failed", "killed by SIGTERM")]  # a kill nobody asked for is still a failure
+    assert [a.message for a in fleet.alerts_since(0)] == ["rank 2 on local failed: killed by SIGTERM"]

@@ -162,7 +162,7 @@ def test_c_and_the_confirm_scancel_a_slurm_job_and_every_row_reads_cancelled(slu
             await wait_until(pilot, lambda: states(screen) == ["CANCELLED"] * 3
                              and screen.fleet.snapshot().state == "cancelled", 90, what="every rank CANCELLED")
             # The ranks that ran end with the signal scancel sent; the one that waited never ran.
-            ended = [("cancelled", "killed by SIGTERM" if row.rank in running else None)
+            ended = [("cancelled", "stopped by the operator (SIGTERM)" if row.rank in running else None)
                      for row in screen.fleet.snapshot().rows]
             await wait_until(pilot, lambda: [(row.outcome, row.end_text) for row in screen.fleet.snapshot().rows]
                              == ended, 60, what=f"the ranks' ends {ended}")

@@ -48,7 +48,7 @@ def fixed_fleet() -> FleetModel:
     return fleet
 
 
-@pytest.mark.parametrize("size", [(80, 24), (140, 30)], ids=["80x24", "140x30"])
+@pytest.mark.parametrize("size", [(80, 24), (120, 36)], ids=["80x24", "120x36"])
 def test_fleet_view(snap_compare, size):
     fleet = fixed_fleet()
     app = DashboardApp("login1", fleet=fleet)

@@ -133,7 +133,7 @@ def test_restarting_unchanged_arguments_keeps_them_byte_for_byte(run_root: Path)
             await wait_until(pilot, lambda: SHOWN[OSC52_CLIPBOARD] in screen_text(app), 30, what="the command")
             await pilot.press("r")
             await wait_until(pilot, lambda: isinstance(app.screen, RestartScreen), 30, what="the restart dialog")
-            await pilot.press("enter")
+            await pilot.press("y")
             new = await wait_until(pilot, lambda: run_screen(app) is not screen and run_screen(app), 120,
                                    what="the new run's screen")
             assert new.run_id != run

@@ -171,7 +171,7 @@ def test_stop_and_launch_print_host_words_safely(run_root: Path, tmp_path: Path)
         folder = run_root / run
     stopped = cli("stop", "local", OSC0_TITLE, "--run-root", run_root, "--grace", "1", home=tmp_path)
     assert stopped.returncode == 0, stopped.stderr
-    assert stopped.stdout == f"{run}\tkilled by SIGTERM\n"
+    assert stopped.stdout == f"{run}\tstopped by the operator (SIGTERM)\n"
     assert (folder / "exit.json").exists()
     launched = cli("launch", "local", "--run-root", run_root, "--name", CSI_CLEAR, "--json", "--", "true",
                    OSC52_CLIPBOARD, home=tmp_path)

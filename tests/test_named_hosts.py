@@ -75,7 +75,7 @@ def test_stop_takes_a_named_host(named: Path, run_root: Path, tmp_path: Path) ->
     run = ticking_run(run_root)
     proc = cli("stop", "box", run, "--config", named, "--grace", "2", home=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == f"{run}\tkilled by SIGTERM\n"
+    assert proc.stdout == f"{run}\tstopped by the operator (SIGTERM)\n"
 
 
 def test_restart_takes_a_named_host(named: Path, run_root: Path, tmp_path: Path) -> None:
@@ -83,7 +83,7 @@ def test_restart_takes_a_named_host(named: Path, run_root: Path, tmp_path: Path)
     proc = cli("restart", "box", run, "--config", named, "--grace", "2", "--gpu-timeout", "10", home=tmp_path)
     assert proc.returncode == 0, proc.stderr
     new = proc.stdout.strip()
-    assert new != run and f"{run} killed by SIGTERM; restarted as {new}" in proc.stderr
+    assert new != run and f"{run} stopped by the operator (SIGTERM); restarted as {new}" in proc.stderr
     with Connection("local", run_root=str(run_root)) as connection:
         assert connection.status(new)["restart_of"] == run
         connection.stop(new, grace_s=1)

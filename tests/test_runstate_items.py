@@ -58,29 +58,44 @@ def test_the_output_folder_is_the_one_the_job_names_and_the_run_directory_until_
     assert RunModel("h", {"run": "r"}).output_dir() is None
 
 
+STOPPED_TERM = {"signal": 15, "signal_name": "SIGTERM", "stopped": True, "stop": {"by": "operator", "via": "stop"}}
+
+
 @pytest.mark.parametrize(
-    "state, exit_info, text, code",
+    "state, exit_info, text, code, phase",
     [
-        (p.JOB_EXITED, {"code": 0}, "exit code 0", 0),
-        (p.JOB_EXITED, {"code": 7}, "exit code 7", 7),
-        (p.JOB_EXITED, {"signal": 15, "signal_name": "SIGTERM"}, "killed by SIGTERM", 143),
-        (p.JOB_EXITED, {"signal": 9}, "killed by 9", 137),
-        (p.JOB_EXITED, {"code": 127, "error": "no such file: 'nope'"}, "did not start: no such file: 'nope'", 127),
-        (p.JOB_LOST, None, LOST_TEXT, None),
+        (p.JOB_EXITED, {"code": 0}, "exit code 0", 0, "exited"),
+        (p.JOB_EXITED, {"code": 7}, "exit code 7", 7, "failed"),
+        (p.JOB_EXITED, {"signal": 15, "signal_name": "SIGTERM"}, "killed by SIGTERM", 143, "failed"),
+        (p.JOB_EXITED, {"signal": 9}, "killed by 9", 137, "failed"),
+        (p.JOB_EXITED, {"code": 127, "error": "no such file: 'nope'"}, "did not start: no such file: 'nope'", 127,
+         "failed"),
+        (p.JOB_LOST, None, LOST_TEXT, None, "lost"),
+        # The operator's stop: the shell status stays 128 + the signal, but it is no failure and rings nothing.
+        (p.JOB_EXITED, STOPPED_TERM, "stopped by the operator (SIGTERM)", 143, "stopped"),
+        (p.JOB_EXITED, {"signal": 9, "signal_name": "SIGKILL", "stopped": True}, "stopped by the operator (SIGKILL)",
+         137, "stopped"),
+        # A job that handles SIGTERM itself and exits with a code of its own was still stopped.
+        (p.JOB_EXITED, {"code": 1, "stopped": True}, "stopped by the operator (exit code 1)", 1, "stopped"),
+        # Only ``true`` says so: anything else in the field is a kill nobody asked for.
+        (p.JOB_EXITED, {"signal": 15, "signal_name": "SIGTERM", "stopped": "yes"}, "killed by SIGTERM", 143,
+         "failed"),
     ],
 )
-def test_a_run_end_reads_the_same_in_the_model_and_the_commands(state, exit_info, text, code):
+def test_a_run_end_reads_the_same_in_the_model_and_the_commands(state, exit_info, text, code, phase):
     end = run_end(state, exit_info)
     assert end is not None and (end.text, end.code) == (text, code)
+    assert end.stopped == (phase == "stopped") and end.failed == (phase in ("failed", "lost"))
     summary = RunSummary(run="r", state=state, exit=exit_info)
     assert _common.describe_exit(summary) == text
     assert _common.exit_status(summary) == (1 if code is None else code)
     model = RunModel("h", summary)
     model.feed_job(state, exit_info, {})
     view = model.snapshot()
-    assert (view.exit_text, view.exit_code) == (text, code)
+    assert (view.exit_text, view.exit_code, view.phase) == (text, code, phase)
+    assert ("failed" in view.marks) == (phase == "failed")
     alerts = [a.message for a in model.alerts_since(0)]
-    assert alerts == ([] if code == 0 else [f"the run ended: {text}"])
+    assert alerts == ([f"the run ended: {text}"] if phase in ("failed", "lost") else [])
 
 
 def test_a_run_that_has_not_ended_has_no_end():
@@ -96,5 +111,7 @@ def test_the_runs_list_says_it_with_the_same_words():
 
     assert result_of(RunSummary(run="r", state=p.JOB_EXITED, exit={"signal": 15, "signal_name": "SIGTERM"})) \
         == "killed by SIGTERM"
+    assert result_of(RunSummary(run="r", state=p.JOB_EXITED, exit=STOPPED_TERM)) \
+        == "stopped by the operator (SIGTERM)"
     assert result_of(RunSummary(run="r", state=p.JOB_EXITED, exit={"code": 0})) == "exit code 0"
     assert result_of(RunSummary(run="r", state=p.JOB_LOST)) == ""  # its state column says lost

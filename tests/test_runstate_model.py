@@ -77,15 +77,30 @@ def test_a_stall_is_alerted_once_and_cleared_by_progress():
     assert view.load[0].n == 4 and view.load[0].total == 8
 
 
-def test_a_stopped_run_is_not_stalled():
+def test_a_stopped_run_is_not_stalled_and_reads_stopped_not_failed():
     clock = Clock()
     model = RunModel("h", {"run": "r", "state": "running"}, Thresholds(stall_after_s=60), clock=clock)
     model.feed_event(event(p.EVENT_PHASE, phase="extracting"))
-    model.feed_job("exited", {"signal": 15, "signal_name": "SIGTERM"}, {})
+    # The operator's stop: the supervisor found stop.json and said so in exit.json.
+    model.feed_job("exited", {"signal": 15, "signal_name": "SIGTERM", "stopped": True}, {})
+    clock.now = 1_000
+    model.tick()
+    view = model.snapshot()
+    assert view.phase == "stopped" and view.exit_text == "stopped by the operator (SIGTERM)"
+    assert view.exit_code == 143 and view.marks == ()
+    assert model.alerts_since(0) == []
+
+
+def test_a_run_killed_by_a_signal_nobody_asked_for_failed():
+    clock = Clock()
+    model = RunModel("h", {"run": "r", "state": "running"}, Thresholds(stall_after_s=60), clock=clock)
+    model.feed_event(event(p.EVENT_PHASE, phase="extracting"))
+    model.feed_job("exited", {"signal": 15, "signal_name": "SIGTERM"}, {})  # kill -TERM from outside
     clock.now = 1_000
     model.tick()
     view = model.snapshot()
     assert view.phase == "failed" and view.exit_text == "killed by SIGTERM" and view.exit_code == 143
+    assert view.marks == ("failed",)
     assert [a.kind for a in model.alerts_since(0)] == ["exit"]
 
 
@@ -225,7 +240,8 @@ def test_the_supervisors_word_on_leftover_processes_is_alerted_after_the_end():
 
 def test_a_run_with_nothing_left_to_do_counts_what_it_found_done_not_another_bar():
     """A resumed run that finds every sample done draws no bar of its own; the preflight miniature's
-    "Extracting hidden states 4/4" in its log (its \\r updates reach the main lane) is not the run's count."""
+    "Extracting hidden states 4/4" in its log (in the main lane, as in a log written before each of its \\r
+    updates carried the miniature's lane) is not the run's count."""
     model = RunModel("h", {"run": "r", "state": "running"})
     model.feed_log(b"(Miniature pid=7) \nExtracting hidden states:   0%|   | 0/4 [00:00<?, ?sample/s]"
                    b"\rExtracting hidden states: 100%|###| 4/4 [00:00<00:00, 25.95sample/s]\n")

@@ -64,7 +64,12 @@ def test_the_run_model_shows_progress_and_the_servers_root_cause() -> None:
     model.feed_job("exited", CPU_RUN_EXIT, {})
     view = model.snapshot()
     assert view.extraction.done == 10 and view.extraction.failed_samples == 10
-    assert view.exit_text == "killed by SIGTERM"  # the operator's stop, once it hung
+    # The operator stopped it once it hung, but this exit.json was recorded before a stop left stop.json for the
+    # supervisor: without ``stopped`` a SIGTERM is a kill like any other.
+    assert view.exit_text == "killed by SIGTERM" and view.phase == "failed"
+    stopped = RunModel("cpu-box", {"run": "r", "state": "running"})
+    stopped.feed_job("exited", {**CPU_RUN_EXIT, "stopped": True}, {})
+    assert (stopped.snapshot().exit_text, stopped.snapshot().phase) == ("stopped by the operator (SIGTERM)", "stopped")
     assert view.failures, "the server's failure"
     root = view.failures[0]
     assert "pin_memory=True requires a CUDA or other accelerator backend" in root.summary

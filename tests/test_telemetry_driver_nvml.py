@@ -5,6 +5,7 @@ no driver. It is run against a real driver on the H200 (BENCHMARKS.md, "GPU tele
 from __future__ import annotations
 
 import ctypes
+from pathlib import Path
 
 import pytest
 
@@ -40,3 +41,26 @@ def test_the_hosts_cpu_counters_come_from_proc_stat(tmp_path):
     stat.write_text("intr 1 2 3\n")
     assert _proc_stat_cpu(str(stat)) is None
     assert _proc_stat_cpu(str(tmp_path / "missing")) is None
+
+
+H200_WITHOUT_PYNVML = Path(__file__).parent / "fixtures" / "gpu" / "h200_nvml_driver_1203"
+
+
+def test_on_the_h200_a_python_without_pynvml_gives_the_dashboard_memory_and_use():
+    """Recorded on an H200 by bench/gpu_nvml_without_pynvml.sh: ``python3 -S`` (no site packages: no pynvml, no
+    psutil) sampling beside a job that holds 20 GiB and keeps the GPU busy."""
+    import json
+
+    from eaglewatch.tui.runstate import RunModel
+
+    assert "pynvml None psutil None" in (H200_WITHOUT_PYNVML / "pythons.txt").read_text()
+    model = RunModel("h200", {"run": "r", "name": "x", "argv": [], "started_at": 0.0, "state": "running"})
+    for line in (H200_WITHOUT_PYNVML / "no-pynvml.jsonl").read_text().splitlines():
+        model.feed_telemetry(json.loads(line))
+    view = model.snapshot()
+    assert view.gpu_note is None and len(view.gpus) == 1
+    gpu = view.gpus[0]
+    assert gpu.mem_total and gpu.mem_total / 2**30 > 139 and gpu.mem_used / 2**30 > 20  # the job's 20 GiB
+    assert gpu.util == 100 and gpu.power_w and gpu.temp_c
+    assert [proc.pid for proc in gpu.processes] == [490]
+    assert view.host_info.cpu_percent is not None  # from /proc/stat: no psutil

@@ -21,6 +21,9 @@ class ExitInfo(TypedDict, total=False):
     recorded_by: str
     error: str  # the command could not start
     leftovers: dict[str, Any]
+    disk_full: bool  # the disk was full when the exit came to be recorded
+    stopped: bool  # the operator asked for the stop (stop.json was there when the job ended)
+    stop: dict[str, Any]  # that request: by, via, user, host, at
 
 
 class RunSummary(TypedDict, total=False):
@@ -41,6 +44,8 @@ class RunSummary(TypedDict, total=False):
     events_size: int
     run_dir: str
     run_dir_gone: bool  # the run directory was deleted; state says whether the run's processes still live
+    phase: str  # the pipeline's last phase event (validating/loading/extracting/done/failed), if its tail has one
+    progress: dict[str, Any]  # {"done", "total"}: samples, from the run's last progress event
 
 
 class RestartResult(TypedDict):

@@ -5,6 +5,7 @@ The agent's server calls these; so can a test or an operator logged in on the ho
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import signal
@@ -32,6 +33,7 @@ from eaglewatch.pipeline.agent.rundir import (
     summary,
     write_json_atomic,
 )
+from eaglewatch.pipeline.agent.supervise import STOP_FILE, stop_fields
 
 Notice = Callable[[str], None]
 
@@ -451,8 +453,32 @@ def job_pids(root: Path) -> list[int]:
     return pids
 
 
-def stop(run: RunDir, grace_s: float = 10.0, notice: Notice | None = None) -> dict[str, Any]:
-    """SIGTERM the run's process group, SIGKILL it after grace_s, and return once none of its processes is left."""
+def _user() -> str | None:
+    try:
+        return getpass.getuser()
+    except Exception:  # no login name and no passwd entry (a container's bare uid)
+        return None
+
+
+def request_stop(run: RunDir, via: str) -> bool:
+    """Write ``stop.json`` in the run directory: the operator asked for this run to stop (``via``: the agent op,
+    ``stop``, ``restart``, ``job_cancel``, ``job_restart_rank``). Written before the first signal, beside the
+    final name then renamed in (never a half-written request, and a link planted at the name is replaced, not
+    followed), so that the supervisor, when the job ends, records the end as the operator's stop
+    (``supervise.stop_fields``). False when it cannot be written (the run directory is gone)."""
+    request = {"by": "operator", "via": via, "user": _user(), "host": socket.gethostname(), "at": time.time()}
+    try:
+        write_json_atomic(run.path / STOP_FILE, request)
+    except OSError:
+        return False
+    return True
+
+
+def stop(run: RunDir, grace_s: float = 10.0, notice: Notice | None = None, via: str = "stop") -> dict[str, Any]:
+    """SIGTERM the run's process group, SIGKILL it after grace_s, and return once none of its processes is left.
+
+    The stop is the operator's: ``stop.json`` (``request_stop``) is written before the first signal, so the run's
+    end is recorded with ``stopped: true``. A run that had ended already (only leftovers to clear) gets none."""
     say = notice or (lambda message: None)
     cmd = {} if dir_gone(run) else run.cmd()
     node = remote_node(cmd)
@@ -474,7 +500,10 @@ def stop(run: RunDir, grace_s: float = 10.0, notice: Notice | None = None) -> di
                 f"run's (pids {strangers[:5]}); nothing was signalled"
             )
     last_signal = None
+    requested = False
     if targets.count:
+        if not run.exit_path.exists():
+            requested = request_stop(run, via)
         say(f"sending SIGTERM to process group {targets.pgid} ({targets.count} processes)")
         targets.send(signal.SIGTERM)
         last_signal = signal.SIGTERM
@@ -493,6 +522,8 @@ def stop(run: RunDir, grace_s: float = 10.0, notice: Notice | None = None) -> di
         if last_signal is not None:
             record.update(signal=int(last_signal), signal_name=signal.Signals(last_signal).name)
         record.update(ended_at=time.time(), recorded_by="agent", note="the supervisor was gone; status inferred")
+        if requested:
+            record.update(stop_fields(run))
         write_json_atomic(run.exit_path, record)
     return run_summary(run)
 
@@ -540,7 +571,7 @@ def restart(
     if not cmd.get("argv"):
         raise JobError(f"run {run.run_id} has no readable cmd.json")
     pids = procs.run_processes(run.run_id, run.pgid())
-    old = stop(run, grace_s, notice)
+    old = stop(run, grace_s, notice, via="restart")
     wait_for_gpu_release = _gpu_release_hook()
     if wait_for_gpu_release is None:
         say("GPU memory release not checked: eaglewatch.pipeline.telemetry is not available here")

@@ -7,7 +7,8 @@ Layout of ``<run root>/<run id>/`` (docs/agent.md)::
     events.jsonl    the pipeline's structured events (EAGLEWATCH_EVENTS_FILE points here)
     pid, pgid       the job's pid and process group, written by the supervisor once the job runs
     supervisor.pid  the supervising wrapper that waits for the job and writes exit.json
-    exit.json       code or signal, ended_at; written when the job ends
+    exit.json       code or signal, ended_at; written when the job ends (``stopped``: the operator's stop)
+    stop.json       the operator asked this run to stop: written before the first signal (who, how, when)
     task.alive      a Slurm rank's launcher: refreshed while its task lives (runs on another node, docs/slurm.md)
 
 Reattaching means reading this folder: nothing the agent holds in memory is needed to rebuild a run's state.
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eaglewatch import protocol
 from eaglewatch.protocol import JOB_EXITED, JOB_LOST, JOB_RUNNING, JOB_STARTING
 
 RUN_ROOT_ENV = "EAGLEWATCH_RUN_ROOT"
@@ -39,8 +41,10 @@ PGID_FILE = "pgid"
 SUPERVISOR_PID_FILE = "supervisor.pid"
 EXIT_FILE = "exit.json"
 TASK_ALIVE_FILE = "task.alive"
+STOP_FILE = "stop.json"
 # The files whose kind a summary reports when one is not a regular file (``not_regular``).
-RUN_FILES = (CMD_FILE, LOG_FILE, EVENTS_FILE, PID_FILE, PGID_FILE, SUPERVISOR_PID_FILE, EXIT_FILE, TASK_ALIVE_FILE)
+RUN_FILES = (CMD_FILE, LOG_FILE, EVENTS_FILE, PID_FILE, PGID_FILE, SUPERVISOR_PID_FILE, EXIT_FILE, TASK_ALIVE_FILE,
+             STOP_FILE)
 
 # The most a record (cmd.json, exit.json, a pid file, task.alive) is read of: far above anything the agent writes
 # (cmd.json holds names and arguments of 100 KB and more), small enough that a huge or endless file costs a blink.
@@ -292,8 +296,43 @@ def summary(run: RunDir, state: str) -> dict[str, Any]:
         "log_size": run.size(run.log_path),
         "events_size": run.size(run.events_path),
         "run_dir": str(run.path),
+        **_reported(run),
         **_not_regular_field(run),
     }
+
+
+EVENTS_TAIL = 64 << 10  # of events.jsonl, what a summary reads for the run's phase and progress
+
+
+def _reported(run: RunDir) -> dict[str, Any]:
+    """``phase`` and ``progress`` ({done, total}) as the run's own events last said them, from the end of its
+    events file (bounded: a summary is made for every run of a list); absent when the tail holds none. A tail with
+    progress but no phase event (thousands of samples since) is extracting."""
+    try:
+        size = run.size(run.events_path)
+        data = read_run_file(run.events_path, EVENTS_TAIL, max(0, size - EVENTS_TAIL))
+    except (OSError, NotRegularFile):
+        return {}
+    found: dict[str, Any] = {}
+    for line in reversed(data.splitlines()):
+        if "phase" in found and "progress" in found:
+            break
+        try:
+            event = json.loads(line)
+        except ValueError:  # the tail's cut first line, or a line being written
+            continue
+        if not isinstance(event, dict):
+            continue
+        kind = event.get("kind")
+        if kind == protocol.EVENT_PHASE and "phase" not in found and isinstance(event.get("phase"), str):
+            found["phase"] = event["phase"][:40]
+        elif kind == protocol.EVENT_PROGRESS and "progress" not in found:
+            done, total = event.get("done"), event.get("total")
+            if all(isinstance(v, int) and not isinstance(v, bool) for v in (done, total)):
+                found["progress"] = {"done": done, "total": total}
+    if "progress" in found and "phase" not in found:
+        found["phase"] = protocol.PHASE_EXTRACTING
+    return found
 
 
 def _not_regular_field(run: RunDir) -> dict[str, Any]:

@@ -405,6 +405,20 @@ def _scancel(refs: list[str]) -> None:
         raise SlurmError(f"scancel {' '.join(refs)} failed: {_stderr_line(proc)}")
 
 
+def _request_stop(root: Path, record: dict[str, Any], ranks: Iterable[int], via: str) -> None:
+    """``stop.json`` in the current run directory of each of these ranks, before scancel: the rank's supervisor on
+    the node (the run root is shared) then records its end as the operator's stop. A rank whose task has not made
+    its run directory yet (pending) gets none: nothing of it runs, and its launcher must find no directory there."""
+    wanted = set(ranks)
+    for entry in record.get("ranks") or []:
+        run_id = entry.get("run")
+        if entry.get("rank") not in wanted or not isinstance(run_id, str) or not is_run_id(run_id):
+            continue
+        run = RunDir(root / run_id)
+        if run.path.is_dir() and not run.exit_path.exists():
+            jobs.request_stop(run, via)
+
+
 def cancel(root: Path, ref: Any, notice: Notice | None = None) -> dict[str, Any]:
     """``job_cancel``: scancel every rank's current task, wait until Slurm has ended them, return the snapshot."""
     say = notice or (lambda message: None)
@@ -413,6 +427,7 @@ def cancel(root: Path, ref: Any, notice: Notice | None = None) -> dict[str, Any]
     if active:
         # Each resubmitted rank is an array of its own; the first array's other tasks have ended already.
         arrays = sorted({str(task.array_job_id) for task in active.values()}, key=int)
+        _request_stop(root, record, active, "job_cancel")
         say(f"scancel {' '.join(arrays)} ({len(active)} ranks pending or running)")
         _scancel(arrays)
         left = _wait_ended(record, None, CANCEL_WAIT_S)
@@ -432,6 +447,7 @@ def restart_rank(root: Path, ref: Any, rank: Any, notice: Notice | None = None) 
     active = _active_ranks(record, [rank])
     if active:
         task = active[rank]
+        _request_stop(root, record, [rank], "job_restart_rank")
         say(f"scancel {task.array_job_id}_{task.task_id}: rank {rank} is {task.state.lower()}")
         _scancel([f"{task.array_job_id}_{task.task_id}"])
         if _wait_ended(record, [rank], RESTART_WAIT_S):

@@ -268,6 +268,8 @@ def state_from_exit(exit_info: dict[str, Any] | None) -> str | None:
     its batch output names no cause."""
     if not exit_info:
         return None
+    if exit_info.get("stopped") is True:
+        return CANCELLED  # the operator's cancel or restart (stop.json before scancel), not a failure
     code = exit_info.get("code")
     if code == 0 and not exit_info.get("signal"):
         return COMPLETED

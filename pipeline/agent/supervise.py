@@ -2,7 +2,9 @@
 
 The agent spawns it in a new session (``setsid``), so it outlives the agent, the SSH session and sshd itself. The
 job runs in its own process group inside that session, so that stop can signal the job's whole group without
-hitting the supervisor, which then records how the job ended (a code, or the signal that killed it).
+hitting the supervisor, which then records how the job ended (a code, or the signal that killed it). A stop the
+operator asked for leaves ``stop.json`` in the run directory before the first signal; the supervisor then adds
+``stopped: true`` to exit.json, so the run reads as stopped, not as crashed.
 
 When the job's main process has ended, the run is over, but some of its processes may not be: a tensor-parallel
 worker stuck in a collective whose peer died keeps its GPU memory (seen on two H200s: 137 GB held, at 100 %
@@ -13,6 +15,7 @@ then SIGTERM, then SIGKILL, and says so in the log, the events and exit.json (``
 from __future__ import annotations
 
 import errno
+import json
 import os
 import signal
 import subprocess
@@ -23,10 +26,12 @@ from pathlib import Path
 from eaglewatch import protocol
 from eaglewatch.pipeline.agent.procs import RUN_ID_ENV, RunTargets, wait_until
 from eaglewatch.pipeline.agent.rundir import (
+    STOP_FILE,
     PGID_FILE,
     PID_FILE,
     SUPERVISOR_PID_FILE,
     RunDir,
+    read_run_record,
     write_json_atomic,
     write_text_atomic,
 )
@@ -42,6 +47,11 @@ EXIT_RESERVE_FILE = "exit.reserve"
 EXIT_RESERVE_BYTES = 16 * 1024
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 _SETTLE_S = 2.0  # helpers that end right after the main process (multiprocessing's resource tracker) are no news
+# The operator's stop, written into the run directory before the first signal (jobs.request_stop; for a Slurm rank
+# before scancel): the job's end is then recorded as a stop (exit.json's ``stopped``), not as a crash. A signal that
+# came without it (kill by hand, the OOM killer, Slurm's time limit) stays a failure.
+STOP_LIMIT = 64 * 1024
+STOP_FIELDS = ("by", "via", "user", "host", "at")
 
 
 def job_environment(run: RunDir, base: dict[str, str]) -> dict[str, str]:
@@ -110,6 +120,7 @@ def supervise(run_dir: Path) -> int:
     record = _exit_record(status)
     record["ended_at"] = time.time()
     record["recorded_by"] = "supervisor"
+    record.update(stop_fields(run))
     record = _write_exit(run, record)
     # Leftovers are ended even when nothing can be recorded (the run directory was deleted): they hold GPUs.
     leftovers = clear_leftovers(run, child.pid, _env_seconds(LEFTOVER_GRACE_ENV, LEFTOVER_GRACE_S))
@@ -121,6 +132,27 @@ def supervise(run_dir: Path) -> int:
         except OSError:
             pass
     return 0
+
+
+def read_stop_request(run: RunDir) -> dict | None:
+    """The operator's stop request (``stop.json``), or None when there is none or it is not a JSON object (read
+    bounded, and never from a FIFO or a device: rundir.read_run_record)."""
+    try:
+        request = json.loads(read_run_record(run.path / STOP_FILE, STOP_LIMIT).decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    return request if isinstance(request, dict) else None
+
+
+def stop_fields(run: RunDir) -> dict:
+    """What exit.json says about an operator's stop: ``stopped: true`` and ``stop`` (who asked, how, when: the
+    request's own fields, strings and numbers only), or nothing when the run was not stopped by request."""
+    request = read_stop_request(run)
+    if request is None:
+        return {}
+    kept = {key: request[key] for key in STOP_FIELDS
+            if isinstance(request.get(key), (str, int, float)) and not isinstance(request.get(key), bool)}
+    return {"stopped": True, "stop": kept}
 
 
 def _reserve_space(run: RunDir) -> None:

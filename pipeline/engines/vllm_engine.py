@@ -12,6 +12,7 @@ so the engine never drains until the last sample; both calls are the same in vLL
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import re
 import shutil
@@ -44,6 +45,29 @@ ERRNO_IN_MESSAGE = re.compile(r"\[Errno (\d+)\]")
 NEARLY_FULL_BYTES = 1 << 20
 FAILURE_CHECK_INTERVAL_S = 0.25
 TOP_UP_SAMPLES = 128
+
+
+# vLLM's ``LLM()`` warms up chat-template rendering, which needs a tokenizer. Extraction passes token ids and starts
+# vLLM without one (``skip_tokenizer_init``), so that warm-up always fails, and vLLM logs it as a warning with a
+# 15-line traceback in every healthy run's log, where it reads as a failure. Nothing here renders a chat: that one
+# record is dropped at its logger; any other failure of the warm-up is still logged.
+_RENDERER_LOGGER = "vllm.renderers.base"
+_WARMUP_FAILED = "Chat template warmup failed"
+
+
+class _NoTokenizerWarmup(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith(_WARMUP_FAILED):
+            return True
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(exc, ValueError) and "skip_tokenizer_init" in str(exc))
+
+
+def quiet_tokenizer_warmup() -> None:
+    """Drop vLLM's warning that its chat-template warm-up found no tokenizer (see ``_NoTokenizerWarmup``)."""
+    logger = logging.getLogger(_RENDERER_LOGGER)
+    if not any(isinstance(f, _NoTokenizerWarmup) for f in logger.filters):
+        logger.addFilter(_NoTokenizerWarmup())
 
 
 def _nearly_full(folder: Path) -> bool:
@@ -158,6 +182,7 @@ class VLLMEngine:
             kv_cache_bytes = kv_cache_bytes or CPU_DEFAULT_KV_CACHE_BYTES
             if eager is None:
                 eager = True
+        quiet_tokenizer_warmup()
         self.llm = LLM(seed=o.seed, **extraction_llm_kwargs(
             self.model_path, self.layer_ids, tp_size=o.tp_size, dtype=self.dtype, max_seq_len=o.max_seq_len,
             gpu_memory_utilization=None if self._on_cpu else o.gpu_memory_utilization,

@@ -169,13 +169,13 @@ def _check_shards(info: mi.ModelInfo) -> CheckResult:
                                s: sorted(m)[:5] for s, m in lacking}})
     if info.index is None:
         return CheckResult("shards", PASS, f"{len(info.shards)} safetensors file(s), no index, "
-                           f"{total / 1e9:.2f} GB of tensors, sizes match their headers",
+                           f"{total / 2**30:.2f} GiB of tensors, sizes match their headers",
                            details={"tensor_bytes": total})
     declared = info.index.total_size
     if declared is not None and declared != total:
         return CheckResult("shards", WARN, f"the index declares {declared} bytes of tensors, the shards hold "
                            f"{total}", "check the download; some exporters round total_size")
-    return CheckResult("shards", PASS, f"{len(info.shards)} shards, {total / 1e9:.2f} GB of tensors, sizes match "
+    return CheckResult("shards", PASS, f"{len(info.shards)} shards, {total / 2**30:.2f} GiB of tensors, sizes match "
                        "their headers, index consistent", details={"tensor_bytes": total})
 
 
@@ -286,7 +286,7 @@ def check_disk(ctx: Context) -> list[CheckResult]:
     # What the files will hold: fp8 storage keeps a byte a value and one scale a token, half of bf16's.
     need = ctx.tokens * plan.stored_bytes_per_token(len(ctx.layer_ids), info.hidden_size, dtype, ctx.cfg.storage)
     free = shutil.disk_usage(out).free
-    text = f"about {need / 1e9:.2f} GB of output, {free / 1e9:.1f} GB free"
+    text = f"about {need / 2**30:.2f} GiB of output, {free / 2**30:.1f} GiB free"
     if free < need * 1.05:
         return [CheckResult("disk", FAIL, f"not enough disk for the output: {text}",
                             "free space, or split the data with --rank/--world-size across disks")]

@@ -316,8 +316,9 @@ def _last_match(pattern: re.Pattern[str], log_path: Path) -> str | None:
 def compare_miniature(launch: MiniatureLaunch, verdict: MiniatureResult, elapsed_before: float) -> MiniatureResult:
     """After a passed verdict: the miniature's output against transformers on one sample (vllm engine only)."""
     started = time.monotonic()
-    # transformers' loading bar would land in the job's own log, read as the job's first load (its "39/39" beside
-    # the real "8/8"): the reference load is the miniature's, and says nothing the verdict does not.
+    # transformers' loading bar (its "39/39") says nothing the verdict does not: left out. What the comparison still
+    # prints goes to the miniature's lane of the job's log where it runs beside a job (lane.ThreadLane), never
+    # into the job's own lanes, where it read as the job's first load beside the real "8/8".
     from transformers.utils import logging as hf_logging
 
     shown = hf_logging.is_progress_bar_enabled()

@@ -2,8 +2,9 @@
 
 ``MiniatureRun`` builds the miniature (``miniature.prepare_miniature``), starts ``eaglewatch extract`` on it in a
 child process, and reads that process's output as it comes:
-- every line goes on to ``lane`` (the job's log) with the miniature's lane prefix (``lane.py``), so its failures
-  decode like the job's, and to a raw copy the root cause is decoded from;
+- every line goes on to ``lane`` (the job's log) with the miniature's lane prefix on each of its pieces
+  (``lane.py``), so its failures decode like the job's, and to a raw copy the root cause is decoded from; what the
+  comparison with transformers prints in this process goes to ``lane`` the same way;
 - its stages (``building``, ``starting``, ``loading the engine``, ``extracting``, ``comparing with transformers``)
   come from its own phase lines, each told to ``on_stage`` as it starts, and ``on_tick`` hears how it goes every
   few seconds in between, so that nothing is silent while it runs;
@@ -18,6 +19,7 @@ the next miniature on the host.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import selectors
@@ -36,7 +38,7 @@ from eaglewatch.pipeline.events import EVENTS_FILE_ENV
 from eaglewatch.pipeline.model_info import ModelInfo
 from eaglewatch.pipeline.plan import ExtractConfig
 from eaglewatch.pipeline.prepared_data import Sample
-from eaglewatch.pipeline.preflight.lane import LineSplitter, lane_line
+from eaglewatch.pipeline.preflight.lane import LineSplitter, ThreadLane, lane_line
 from eaglewatch.pipeline.preflight.miniature import (
     MiniatureLaunch, MiniatureResult, compare_miniature, judge_miniature, prepare_miniature,
 )
@@ -206,7 +208,10 @@ class MiniatureRun:
         if verdict.status != "pass" or not self.compare or launch.engine != "vllm" or self._stop.is_set():
             return  # the transformers engine is the reference itself
         self.on_stage(COMPARISON, COMPARISON_STAGE)
-        comparison = compare_miniature(launch, verdict, time.monotonic() - self._started)
+        # The comparison loads the reference in this process, beside the job's own load: what it prints (the
+        # bars of compressed-tensors' "Compressing model", a library's warnings) is the miniature's lane too.
+        with ThreadLane(self.lane, os.getpid()) if self.lane is not None else contextlib.nullcontext():
+            comparison = compare_miniature(launch, verdict, time.monotonic() - self._started)
         self.comparison = comparison
         self.on_result(COMPARISON, comparison)
 

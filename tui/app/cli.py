@@ -49,11 +49,11 @@ def run_app(app: "DashboardApp") -> int:
         host, run_id = safe_text(app.host), safe_text(run)
         if what == "detached" and run:
             print(f"eaglewatch: detached from {run_id} on {host}; it keeps running. "
-                  f"Reattach: eaglewatch {host} {run_id}", file=sys.stderr)
+                  f"Reattach: {_common.hint_command(app.host, run)}", file=sys.stderr)
         elif what == "left" and run:
             how = f" ({safe_text(rest[0])})" if rest and rest[0] else ""  # the run screen's RunView.exit_text
             print(f"eaglewatch: {run_id} on {host} has ended{how}. "
-                  f"Look again: eaglewatch {host} {run_id}", file=sys.stderr)
+                  f"Look again: {_common.hint_command(app.host, run)}", file=sys.stderr)
         elif what == "stopped" and run:
             print(f"eaglewatch: stopped {run_id} on {host}", file=sys.stderr)
     return int(app.return_code or 0)
@@ -75,8 +75,8 @@ def run(args: argparse.Namespace) -> int:
     from eaglewatch.tui import config
 
     if not interactive():
-        raise UserError("the dashboard needs a terminal; without one use `eaglewatch runs HOST` and "
-                        "`eaglewatch attach HOST RUN`")
+        raise UserError(f"the dashboard needs a terminal; without one use `{_common.command_prefix()} runs HOST` "
+                        f"and `{_common.command_prefix()} attach HOST RUN`")
     cfg = config.load(args.config)
     launch = None
     host_name = args.host

@@ -13,6 +13,7 @@ import sys
 
 from eaglewatch.errors import UserError
 from eaglewatch.safetext import safe_text
+from eaglewatch.tui.commands import _common
 from eaglewatch.tui.commands import job as job_command
 from eaglewatch.tui.commands.job_hosts import HostPool
 from eaglewatch.tui.commands.job_ops import JobOps
@@ -45,10 +46,10 @@ def open_fleet(ops: JobOps, args: argparse.Namespace) -> int:
         job = safe_text(ops.job)
         if state in (RUNNING, PENDING):
             print(f"eaglewatch: left the fleet view of job {job}; its ranks keep running. "
-                  f"Watch again: eaglewatch job watch {job}", file=sys.stderr)
+                  f"Watch again: {_common.hint_command('job', 'watch', ops.job)}", file=sys.stderr)
         else:
-            print(f"eaglewatch: job {job} has ended ({counts}). Look again: eaglewatch job status {job}",
-                  file=sys.stderr)
+            print(f"eaglewatch: job {job} has ended ({counts}). "
+                  f"Look again: {_common.hint_command('job', 'status', ops.job)}", file=sys.stderr)
     return code
 
 
@@ -68,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.action == "watch":
         if not interactive():
-            raise UserError("the fleet view needs a terminal; without one use `eaglewatch job status JOB`")
+            raise UserError("the fleet view needs a terminal; without one use "
+                            f"`{_common.command_prefix()} job status JOB`")
         store = JobStore()
         ops, pool = job_command.open_ops(args, store)
         try:

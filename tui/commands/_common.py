@@ -8,6 +8,8 @@ import argparse
 import math
 import os
 import re
+import shlex
+import shutil
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, NoReturn, Optional, ParamSpec, TypeVar
@@ -27,6 +29,58 @@ T = TypeVar("T")
 REMOTE_PYTHON_ENV = "EAGLEWATCH_REMOTE_PYTHON"
 DEFAULT_REMOTE_PYTHON = "python3"
 HOST_HELP = "a host from the config file, an ssh-config alias, user@host[:port], or 'local'"
+
+
+def command_prefix(argv0: Optional[str] = None, executable: Optional[str] = None) -> str:
+    """How to write the ``eaglewatch`` command in a hint this process prints (``Reattach: PREFIX local RUN``), so
+    that the hint runs as printed in the operator's shell: ``eaglewatch`` where that name on the PATH is the
+    program that runs now, else the program's absolute path (``/home/me/eaglewatch/.venv/bin/eaglewatch`` after
+    ``./run demo``, whose ``.venv/bin`` is not on the PATH). Run as ``python -m eaglewatch``, the console script
+    beside that Python is named where there is one: it imports the package from its installation whatever folder
+    it runs in, where ``python -m`` would first look in the working directory. ``argv0`` and ``executable``
+    default to ``sys.argv[0]`` and ``sys.executable``."""
+    argv0 = sys.argv[0] if argv0 is None else argv0
+    executable = sys.executable if executable is None else executable
+    script: Optional[str] = None
+    if argv0 and os.path.basename(argv0) == "eaglewatch" and os.path.isfile(argv0):
+        script = os.path.abspath(argv0)  # the console script, as the shell found it
+    elif executable:
+        beside = os.path.join(os.path.dirname(os.path.abspath(executable)), "eaglewatch")
+        if os.path.isfile(beside) and os.access(beside, os.X_OK):
+            script = beside
+    if script is None:
+        return f"{_shortest_command(executable or 'python3')} -m eaglewatch"
+    return _shortest_command(script)
+
+
+def hint_command(*words: object) -> str:
+    """A command for the operator to run, as a hint prints it: :func:`command_prefix`, then ``words`` (a host, a run
+    id, options), each quoted for a shell and shown through safe_text, so that it runs as printed."""
+    return safe_text(" ".join([command_prefix(), *(shlex.quote(str(word)) for word in words)]))
+
+
+def where_options(args: argparse.Namespace) -> list[str]:
+    """The options of this command line that say where runs are (``--run-root``, ``--config``, ``--ssh-config``
+    when not the default), for a hint that must find the same runs."""
+    words: list[str] = []
+    for option, name, default in (("--run-root", "run_root", None), ("--config", "config", None),
+                                  ("--ssh-config", "ssh_config", "~/.ssh/config")):
+        value = getattr(args, name, None)
+        if value is not None and value != default:
+            words += [option, str(value)]
+    return words
+
+
+def _shortest_command(path: str) -> str:
+    """``path``'s base name where the PATH finds that very file under it, else ``path`` itself; quoted for a shell."""
+    name = os.path.basename(path)
+    found = shutil.which(name)
+    try:
+        if found is not None and os.path.samefile(found, path):
+            return shlex.quote(name)
+    except OSError:
+        pass
+    return shlex.quote(os.path.abspath(path))
 
 
 def add_host_arguments(parser: argparse.ArgumentParser) -> None:
@@ -154,14 +208,15 @@ def _confirm_interactively(error: "UnknownHostKeyError") -> bool:
     return answer.strip().lower() in ("y", "yes")
 
 
-def user_error(what: object) -> UserError:
-    """A UserError whose text may quote the host (its stderr, its banner, a run's name): shown through safe_text."""
-    return UserError(safe_text(what))
+def user_error(what: object, keep: str = "") -> UserError:
+    """A UserError whose text may quote the host (its stderr, its banner, a run's name): shown through safe_text.
+    ``keep="\\n"`` for a message that holds whole lines (an agent's stderr on a failed start)."""
+    return UserError(safe_text(what, keep=keep))
 
 
 def connect(args: argparse.Namespace) -> "Connection":
     """A connected Connection to HOST (see resolve_host), or a UserError that says what went wrong and what to do."""
-    from eaglewatch.tui.connection import Connection, ConnectionFailed, UnknownHostKeyError
+    from eaglewatch.tui.connection import AgentStartError, Connection, ConnectionFailed, UnknownHostKeyError
 
     target = resolve_host(args)
     try:
@@ -184,7 +239,9 @@ def connect(args: argparse.Namespace) -> "Connection":
             print(f"eaglewatch: recorded {safe_text(exc.host_id)} {safe_text(exc.key_type)} "
                   f"{safe_text(exc.fingerprint)} in {safe_text(written)}", file=sys.stderr)
         except ConnectionFailed as exc:
-            raise user_error(f"{exc}{ssh_config_hint(connection)}") from None
+            # A failed agent start quotes its stderr as lines (a traceback): they stay lines.
+            keep = "\n" if isinstance(exc, AgentStartError) else ""
+            raise user_error(f"{exc}{ssh_config_hint(connection)}", keep=keep) from None
     raise UserError("could not connect after accepting the host key")
 
 

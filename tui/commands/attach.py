@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING, Any, Mapping, cast
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, cast
 
 from eaglewatch.errors import UserError
 from eaglewatch.safetext import TerminalStream, safe_text
@@ -87,7 +87,10 @@ def refuse_unreadable(summary: RunSummary, show_events: bool) -> None:
                             "not reading it")
 
 
-def follow(connection: "Connection", run: str, from_end: bool, show_events: bool, decoded: bool = False) -> int:
+def follow(connection: "Connection", run: str, from_end: bool, show_events: bool, decoded: bool = False,
+           host: str | None = None, hint_options: Sequence[str] = ()) -> int:
+    """Stream ``run``'s log until it ends. ``host`` (the operator's name for it, else the connection's) and
+    ``hint_options`` make the command that a Ctrl-C prints for following it again."""
     summary = _common.agent_call(connection.status, run)
     refuse_unreadable(summary, show_events)
     view = None
@@ -138,7 +141,8 @@ def follow(connection: "Connection", run: str, from_end: bool, show_events: bool
     except KeyboardInterrupt:
         out.write(raw.finish())
         out.flush()
-        print(f"\n[eaglewatch] detached from {run_id}; it keeps running", file=sys.stderr)
+        again = _common.hint_command("attach", host or connection.host, summary["run"], *hint_options)
+        print(f"\n[eaglewatch] detached from {run_id}; it keeps running. Follow it again: {again}", file=sys.stderr)
         return 130
     out.write(raw.finish())
     out.flush()
@@ -151,6 +155,7 @@ def follow(connection: "Connection", run: str, from_end: bool, show_events: bool
 def run(args: argparse.Namespace) -> int:
     connection = _common.connect(args)
     try:
-        return follow(connection, args.run, args.from_end, args.events, args.decoded)
+        return follow(connection, args.run, args.from_end, args.events, args.decoded, host=args.host,
+                      hint_options=_common.where_options(args))
     finally:
         _common.close_quietly(connection)

@@ -259,15 +259,15 @@ def run_action(args: argparse.Namespace, store: Optional[JobStore] = None) -> in
         failed = failed_launches(record)
         if failed:
             ranks = ", ".join(map(str, failed))
-            print(f"eaglewatch: rank(s) {ranks} did not start; once fixed: eaglewatch job restart "
-                  f"{safe_text(record['job'])} RANK (or eaglewatch job cancel {safe_text(record['job'])})",
-                  file=sys.stderr)
+            print(f"eaglewatch: rank(s) {ranks} did not start; once fixed: "
+                  f"{_common.hint_command('job', 'restart', record['job'])} RANK "
+                  f"(or {_common.hint_command('job', 'cancel', record['job'])})", file=sys.stderr)
             return 1
         return 0
     if args.action == "list":
         return run_list(args, store)
     if args.action == "watch":
-        raise UserError("the fleet view needs a terminal; without one use `eaglewatch job status JOB`")
+        raise UserError(f"the fleet view needs a terminal; without one use `{_common.command_prefix()} job status JOB`")
     ops, pool = open_ops(args, store)
     try:
         if args.action == "status":

@@ -32,8 +32,9 @@ def connect_quietly(args: argparse.Namespace) -> "Connection":
     except ValueError as exc:
         raise _common.user_error(exc) from None
     except UnknownHostKeyError as exc:
-        raise _common.user_error(f"{exc}; accept it first, e.g. eaglewatch runs {args.host} "
-                                 f"--accept-host-key {exc.fingerprint}") from None
+        raise _common.user_error(f"{exc}; accept it first, e.g. "
+                                 f"{_common.hint_command('runs', args.host, '--accept-host-key', exc.fingerprint)}"
+                                 ) from None
     except ConnectionFailed as exc:
         raise _common.user_error(f"{exc}{_common.ssh_config_hint(connection)}") from None
     return connection

@@ -46,7 +46,8 @@ def command_of(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     """The command after ``--`` and the ``--env`` pairs, or a UserError before anything connects."""
     argv = _common.split_command(args, add_options)
     if not argv:
-        raise UserError("give the command after --, e.g. eaglewatch launch HOST -- eaglewatch extract ...")
+        raise UserError(f"give the command after --, e.g. {_common.command_prefix()} launch HOST -- eaglewatch extract "
+                        "...")
     return argv, _common.parse_env(args.env)
 
 
@@ -61,6 +62,16 @@ def start(connection: "Connection", args: argparse.Namespace, argv: list[str], e
         print(safe_text(summary["run"]))
     print(f"eaglewatch: launched {safe_text(summary['run'])} on {safe_text(args.host)} "
           f"(pid {safe_text(summary.get('pid'))}, {safe_text(summary.get('run_dir'))})", file=sys.stderr)
+    cwd = cast(dict[str, Any], summary).get("cwd")
+    if cwd:
+        # Where the command's relative paths start: the host's home unless --cwd said otherwise.
+        why = "" if args.cwd else (" (no --cwd: the agent's, the home directory over SSH; the command's relative "
+                                   "paths start there)")
+        print(f"eaglewatch: it runs in {safe_text(cwd)}{why}", file=sys.stderr)
+    dashboard_opens = not (args.no_tui or args.json or args.attach) and sys.stdin.isatty() and sys.stdout.isatty()
+    if not args.attach and not dashboard_opens:
+        follow_it = _common.hint_command("attach", args.host, summary["run"], *_common.where_options(args))
+        print(f"eaglewatch: follow it: {follow_it}", file=sys.stderr)
     job: dict[str, Any] = cast(dict[str, Any], summary).get("job") or {}  # which Python and eaglewatch ran it
     if job.get("python"):
         print(f"eaglewatch: the job runs {safe_text(job.get('eaglewatch'))} eaglewatch with {safe_text(job['python'])} "
@@ -78,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
         if args.attach:
             from eaglewatch.tui.commands.attach import follow
 
-            return follow(connection, summary["run"], from_end=False, show_events=False)
+            return follow(connection, summary["run"], from_end=False, show_events=False, host=args.host,
+                          hint_options=_common.where_options(args))
         return 0
     finally:
         _common.close_quietly(connection)

@@ -1,4 +1,7 @@
-"""``eaglewatch stop HOST RUN``: SIGTERM the run's process group, SIGKILL it after a grace period."""
+"""``eaglewatch stop HOST RUN``: SIGTERM the run's process group, SIGKILL it after a grace period.
+
+The agent records the stop as the operator's (``stop.json`` before the signal, ``stopped`` in exit.json), so the
+line printed reads ``stopped by the operator (SIGTERM)``, not ``killed by SIGTERM`` as a kill from outside would."""
 
 from __future__ import annotations
 

@@ -39,6 +39,21 @@ _SHELL_INSTALL = (
 )
 _SHA256_OF_FILE = "import hashlib,sys;print(hashlib.sha256(open(sys.argv[1],'rb').read()).hexdigest())"
 
+# The local agent, started so that the working directory cannot stand in for the package: ``python -m`` and
+# ``python -c`` look in it first, and a folder there named ``eaglewatch`` (the top of a checkout called so, as
+# ``git clone … eaglewatch`` makes) would be imported as the package in place of the installed one (an editable
+# install's finder comes after the working directory). So the working directory is taken off the path before the
+# first import; the agent still runs in it, and the jobs it starts do too. Any Python 3 runs this (``-P`` needs
+# 3.11).
+LOCAL_AGENT_ENTRY = (
+    "-c",
+    "import sys;sys.path[:1]=[p for p in sys.path[:1] if p not in ('','.')];"
+    "from eaglewatch.pipeline.agent.cli import main;sys.exit(main())",
+)
+# How much of a dead agent's stderr a start error quotes: its last lines (a traceback's root cause is last).
+START_ERROR_LINES = 12
+START_ERROR_LINE_CHARS = 300
+
 
 class Link(Protocol):
     description: str
@@ -78,7 +93,7 @@ class LocalLink:
 
     def __init__(self, run_root: str | None, idle_exit_s: float | None = None, python: str | None = None,
                  env: Sequence[tuple[str, str]] = ()) -> None:
-        argv = agent_argv(python or sys.executable, ["-m", "eaglewatch.pipeline.agent"], run_root, idle_exit_s)
+        argv = agent_argv(python or sys.executable, LOCAL_AGENT_ENTRY, run_root, idle_exit_s)
         self.description = "local agent"
         self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       env={**os.environ, **dict(env)} if env else None)
@@ -333,7 +348,16 @@ def open_ssh_link(
     return SSHLink(chain, remote_command(argv), endpoint)
 
 
+def stderr_lines(text: str, limit: int = START_ERROR_LINES) -> list[str]:
+    """The last ``limit`` non-blank lines of an agent's stderr, each through safe_text and cut to a readable length:
+    lines to show as lines, never one line full of ``\\n``."""
+    lines = [line.rstrip() for line in text.replace("\r\n", "\n").split("\n") if line.strip()][-limit:]
+    return [safe_text(line if len(line) <= START_ERROR_LINE_CHARS else line[:START_ERROR_LINE_CHARS] + "…")
+            for line in lines]
+
+
 def start_error(link: Link, what: str) -> AgentStartError:
-    stderr = safe_text(link.stderr_text().strip()[-600:], keep="\n")
-    hint = f": {stderr}" if stderr else ""
-    return AgentStartError(f"{what} ({link.description}){hint}")
+    """``what`` went wrong as the agent started; its last lines on stderr follow, one a line, indented."""
+    lines = stderr_lines(link.stderr_text())
+    said = "; it said:" + "".join(f"\n    {line}" for line in lines) if lines else ""
+    return AgentStartError(f"{what} ({link.description}){said}")

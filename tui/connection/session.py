@@ -15,7 +15,7 @@ from typing import Any, Callable
 from eaglewatch import protocol
 from eaglewatch.safetext import safe_text
 from eaglewatch.tui.connection.errors import AgentError, AgentStartError, ConnectionFailed, LinkLost
-from eaglewatch.tui.connection.links import TIMEOUT, Link, start_error
+from eaglewatch.tui.connection.links import TIMEOUT, Link, start_error, stderr_lines
 
 POLL_S = 0.25
 
@@ -98,8 +98,9 @@ class AgentSession:
                     self.die(f"nothing from the agent for {self.dead_after_s:g} s: the link or the host hangs")
                     return
             elif not data:
-                stderr = safe_text(self.link.stderr_text().strip()[-300:])
-                self.die("the link closed" + (f" ({stderr})" if stderr else ""))
+                # One status line: the stderr's last line (a traceback's root cause), already through safe_text.
+                last = stderr_lines(self.link.stderr_text(), limit=1)
+                self.die("the link closed" + (f" ({last[0]})" if last else ""))
                 return
             else:
                 self.last_rx = now

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Optional
 
 from eaglewatch import protocol as p
-from eaglewatch.tui.runend import run_end
+from eaglewatch.tui.runend import STOPPED_PHASE, run_end
 from eaglewatch.tui.runstate.model import RunModel
 from eaglewatch.tui.runstate.view import MARK_STALLED, Alert, RunView
 
@@ -304,9 +304,9 @@ class FleetModel:
         ended_badly = False
         if view is not None and view.exit_text:
             end_text = view.exit_text
-            ended_badly = view.exit_code not in (None, 0) or view.job_state == p.JOB_LOST
+            ended_badly = view.exit_code not in (None, 0) or view.job_state == p.JOB_LOST or view.phase == STOPPED_PHASE
         elif end is not None:
-            end_text, ended_badly = end.text, end.failed
+            end_text, ended_badly = end.text, end.failed or end.stopped
         error = _str(entry.get("error"))
         outcome = self._outcome(entry, sched, run_state, end_text, ended_badly, error, view)
         ext = view.extraction if view is not None else None
@@ -317,7 +317,7 @@ class FleetModel:
             phase = run_state or "running"
         else:
             phase = outcome
-        if outcome == CANCELLED and view is not None and view.phase == p.PHASE_FAILED:
+        if outcome == CANCELLED and view is not None and view.phase in (p.PHASE_FAILED, STOPPED_PHASE):
             phase = CANCELLED
         gpu = self._node_gpus.get(node or host or "") if (node or host) else None
         if gpu is None and view is not None:
@@ -326,7 +326,9 @@ class FleetModel:
         if view is not None and view.failures:
             root = view.failures[0].summary
         elif outcome == FAILED:
-            root = error or (f"{sched_raw}" if sched in SLURM_FAILED else None) or end_text
+            # How the rank's run ended ("killed by SIGKILL", "exit code 3") says more than Slurm's word for it.
+            root = error or (end_text if ended_badly else None) or (
+                f"{sched_raw}" if sched in SLURM_FAILED else None) or end_text
         elif error:
             root = error
         if sched_raw:
@@ -383,7 +385,10 @@ class FleetModel:
     def _ended_by_cancel(self, entry: Mapping[str, Any], view: Optional[RunView]) -> bool:
         """A run that ended badly after the operator cancelled the job, and had started before: the cancel ended
         it (ssh jobs; a Slurm job's ranks say CANCELLED themselves). Or one the operator stopped or restarted."""
-        if entry.get("run") in self._ended_by_operator:
+        if entry.get("run") in self._ended_by_operator or (view is not None and view.phase == STOPPED_PHASE):
+            return True
+        stopped = run_end(None, _dict(entry.get("summary")).get("exit"))
+        if stopped is not None and stopped.stopped:  # its exit.json says the operator stopped it
             return True
         cancelled_at = self._cancelled_at()
         if cancelled_at is None:

@@ -22,8 +22,9 @@ def fmt_bytes(value: Optional[float]) -> str:
 
 
 def fmt_gb(value: Optional[float]) -> str:
-    """Decimal gigabytes, as disk and GPU vendors print them."""
-    return "n/a" if value is None else f"{value / 1e9:.1f} GB"
+    """Gibibytes, the one unit of the dashboard for memory and disk: nvidia-smi counts GPU memory in MiB and
+    ``df -h``/``free -h`` count in binary units, so the figures read the same as theirs."""
+    return "n/a" if value is None else f"{value / 2**30:.1f} GiB"
 
 
 def fmt_duration(seconds: Optional[float]) -> str:
@@ -99,3 +100,25 @@ def fmt_started(started_at: object, pattern: str = "%Y-%m-%d %H:%M:%S") -> str:
         return time.strftime(pattern, time.localtime(float(started_at)))  # type: ignore[arg-type]
     except (TypeError, ValueError, OverflowError, OSError):
         return "?"
+
+
+def fmt_age(seconds: Optional[float]) -> str:
+    """How long ago, in the one unit that matters, as k9s and ps print it: ``45s``, ``5m``, ``2h``, ``3d``; "?"
+    for an unknown time."""
+    if seconds is None:
+        return "?"
+    seconds = max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+GIB = 1024 ** 3
+
+
+def fmt_gib_used(used: Optional[float], total: Optional[float]) -> str:
+    """Used over total, both in GiB, whole numbers, the unit once: ``29/140 GiB``; "n/a" when either is unknown."""
+    if used is None or not total:
+        return "n/a"
+    return f"{used / GIB:.0f}/{total / GIB:.0f} GiB"

@@ -57,3 +57,24 @@ def sample_counts(bar: BarUpdate) -> Optional[SampleCounts]:
     return SampleCounts(n=int(bar.n), total=int(bar.total) if bar.total is not None else None,
                         ok=int(fields["ok"]), err=int(fields["err"]), per_second=rate,
                         remaining_s=bar.remaining_s)
+
+
+# eaglewatch's own commands that load no model: their runs get no loading, extraction or GPU panels.
+ENGINE_FREE_TOOLS = {
+    "prepare": "tokenizes the data into prepared samples",
+    "verify": "checks an output folder against its manifest (and the reference, if asked)",
+    "export": "writes the speculators view of an output folder",
+    "tiny": "builds a tiny model from a config",
+}
+
+
+def engine_free_tool(argv: Sequence[str]) -> Optional[str]:
+    """``prepare``/``verify``/``export``/``tiny`` when the command is that eaglewatch subcommand, else None."""
+    words = [str(word) for word in argv]
+    for i, word in enumerate(words[:-1]):
+        if word.endswith("eaglewatch") or (word == "-m" and words[i + 1] == "eaglewatch"):
+            rest = words[i + 1:] if word.endswith("eaglewatch") else words[i + 2:]
+            if rest and rest[0] in ENGINE_FREE_TOOLS:
+                return rest[0]
+            return None
+    return None

@@ -18,7 +18,7 @@ from itertools import islice
 from typing import Any, Callable, Iterable, Mapping, Optional
 
 from eaglewatch import protocol as p
-from eaglewatch.decode import BarUpdate, Decoder, LineEvent
+from eaglewatch.decode import BarState, BarUpdate, Decoder, LineEvent
 from eaglewatch.decode.lanes import KIND_MINIATURE, lane_kind
 from eaglewatch.tui.runstate.jobkind import SPECULATORS_DATAGEN, SampleCounts, kind_of_command, sample_counts
 from eaglewatch.tui.messages import (
@@ -33,7 +33,7 @@ from eaglewatch.tui.messages import (
     Telemetry,
     unexpected_item,
 )
-from eaglewatch.tui.runend import RunEnd, run_end
+from eaglewatch.tui.runend import STOPPED_PHASE, RunEnd, run_end
 from eaglewatch.tui.runstate.failures import (
     AlertKeys,
     alert_keys,
@@ -71,6 +71,10 @@ _EXTRACT_BAR = "Extracting"
 _BAR_NOTE_EVERY_S = 10.0
 _MAX_ALERTS = 200
 _AFTER_LOADING = (p.PHASE_EXTRACTING, p.PHASE_DONE, p.PHASE_FAILED)
+# vLLM loads a drafter after the target; extraction's drafter has no weights, so the loader's timer never starts
+# and its "Loading weights took N seconds" is the host's uptime (13053 s for a 0.01 s load).
+_DRAFTER_LOAD = "Loading drafter model"
+_WEIGHTS_TOOK = "Loading weights took "
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,7 @@ class RunModel:
         self._error_event: Optional[dict[str, Any]] = None
         self._warning_events = 0
         self._load_step: Optional[tuple[str, float]] = None  # the job's latest logger line before extraction
+        self._drafter_lanes: set[str] = set()  # lanes whose engine said it loads the drafter (see _DRAFTER_LOAD)
         self._last_progress_at = clock()
         self._bar_notes: dict[tuple[str, str], tuple[float, bool]] = {}
         self._tail: deque[LogLine] = deque(maxlen=thresholds.log_tail)
@@ -208,7 +213,7 @@ class RunModel:
             kind = type(event)
             if kind is LineEvent:
                 self._add_log_line(event.lane, event.level, event.text)
-                if self._is_load_step(event):
+                if self._is_load_step(event) and self._says_something(event):
                     self._load_step = (event.text, self.clock())
             elif kind is BarUpdate:
                 moved = True
@@ -224,6 +229,20 @@ class RunModel:
         bars and the first sample there can be minutes of profiling and warm-up that only such lines describe."""
         return (line.level == "INFO" and line.source is not None and line.lane != "eaglewatch"
                 and lane_kind(line.lane) != KIND_MINIATURE and self._phase not in _AFTER_LOADING)
+
+    def _says_something(self, line: LineEvent) -> bool:
+        """Whether a load step's line means something alone. vLLM repeats its header on each line of a multi-line
+        record, so the rest of one ("\\treserved_cpus=[]" after "OpenMP thread binding info:", the banner's art)
+        comes as INFO lines of their own, indented; and the drafter's "Loading weights took" figure is not a
+        time (see ``_DRAFTER_LOAD``): the line before it stays."""
+        text = line.text
+        if not text or text[0].isspace():
+            return False
+        if text.startswith(_DRAFTER_LOAD):
+            self._drafter_lanes.add(line.lane)
+        elif text.startswith(_WEIGHTS_TOOK) and line.lane in self._drafter_lanes:
+            return False
+        return True
 
     def _add_log_line(self, lane: str, level: Optional[str], text: str) -> None:
         self._seq += 1
@@ -526,6 +545,8 @@ class RunModel:
             return "lost"
         if self._job_state == p.JOB_EXITED:
             end = self._end()
+            if end is not None and end.stopped:
+                return STOPPED_PHASE  # the operator's stop, not a crash
             if end is not None and end.code:
                 return p.PHASE_FAILED
             return phase or "exited"
@@ -540,7 +561,7 @@ class RunModel:
     def _sample_bar(self) -> Optional[SampleCounts]:
         """The latest frame of a known job's sample bar (speculators' data generation), if it has one."""
         found = None
-        for bar in self.decoder.state.bars_list():
+        for bar in self._job_bars():
             counts = sample_counts(bar.last)
             if counts is not None:
                 found = counts
@@ -553,14 +574,19 @@ class RunModel:
             kind = SPECULATORS_DATAGEN
         return kind
 
+    def _job_bars(self) -> list[BarState]:
+        """The job's own bars, one per lane and description (the decoder keeps them apart), in order of first
+        showing. The preflight miniature's bars (its toy shards' "2/2", its "Extracting hidden states 4/4", the
+        comparison's reference load), in lanes of its own, are not the job's: the checks panel shows the
+        miniature's stage and time, and the log keeps its bars under its lanes."""
+        return [bar for bar in self.decoder.state.bars_list() if lane_kind(bar.lane) != KIND_MINIATURE]
+
     def _load_bars(self) -> tuple[LoadBar, ...]:
         bars = []
-        for bar in self.decoder.state.bars_list():
+        for bar in self._job_bars():
             last = bar.last
             if last.desc.startswith(_EXTRACT_BAR) or sample_counts(last) is not None:
                 continue
-            if lane_kind(bar.lane) == KIND_MINIATURE:
-                continue  # the preflight's miniature loads its own toy shards beside the job: not the job's load
             bars.append(LoadBar(bar.lane, last.desc, last.n, last.total, last.per_second, last.unit,
                                 last.eta_s, last.done))
         return tuple(bars)
@@ -570,10 +596,10 @@ class RunModel:
         total = _int(prog.get("total")) or _int(info.get("samples"))
         done = _int(prog.get("done"))
         # A run that said how many samples it found done (eaglewatch's info event) is counted by its own events: a
-        # bar in its log may be another's (the preflight miniature's "Extracting hidden states 4/4", whose \r
-        # updates reach the main lane), and a run with nothing left to do draws none of its own.
+        # run with nothing left to do draws no bar of its own, and a log written before the miniature's lane was on
+        # each of its bar's \r updates can hold the miniature's "Extracting hidden states 4/4" in the main lane.
         if done is None and info.get("resumed_samples") is None:
-            for bar in self.decoder.state.bars_list():
+            for bar in self._job_bars():
                 if bar.last.desc.startswith(_EXTRACT_BAR):
                     done = int(bar.last.n)
                     total = total or _int(bar.last.total)
@@ -651,7 +677,7 @@ class RunModel:
             code = end.code if end is not None else None
             marks = []
             failures = self._failures_with_event()
-            if failures or code:
+            if failures or (code and not (end is not None and end.stopped)):
                 marks.append(MARK_FAILED)
             if self._stalled:
                 marks.append(MARK_STALLED)

@@ -18,30 +18,55 @@ from eaglewatch.tui.runstate import FailureView
 from eaglewatch.tui.runstate.fmt import fmt_argv
 
 
+# One rule for every question whose yes changes something (stop a run, cancel a job, restart, accept a host key):
+# Enter presses the focused button, and focus starts on the safe one, so Enter alone never does the drastic thing.
+# A letter does it (y; a for a host key), n (r) or Escape backs out, and Tab or the arrow keys move between the
+# buttons. Each dialog says so in its last line.
+MOVE_BINDINGS = [
+    Binding("left,up", "app.focus_previous", "previous button", show=False),
+    Binding("right,down", "app.focus_next", "next button", show=False),
+]
+
+
+def keys_line(yes_key: str, yes: str, no_keys: str, no: str) -> Label:
+    """The dialog's last line: which key does what (``y stop · n/Esc cancel · Enter: focused button``)."""
+    line = Label(f"{yes_key} {yes} · {no_keys}/Esc {no} · Enter: focused button", classes="dim keys", markup=False)
+    line.styles.width = "100%"  # wraps in a narrow dialog rather than losing its end
+    return line
+
+
 class ConfirmScreen(ModalScreen[bool]):
-    """A yes/no question. y or Enter confirms; n or Escape cancels."""
+    """A yes/no question about something drastic (stop a run, cancel a job). Dismisses with True to go ahead.
+
+    Enter presses the focused button, and focus starts on the cancel button: Enter alone cancels. y confirms,
+    n or Escape cancels, whatever is focused; Tab or the arrow keys move to the other button (then Enter presses
+    that one)."""
 
     BINDINGS = [
         Binding("y", "answer(True)", "yes"),
         Binding("n,escape", "answer(False)", "no"),
+        *MOVE_BINDINGS,
     ]
 
-    def __init__(self, question: str, confirm_label: str = "Yes") -> None:
+    def __init__(self, question: str, confirm_label: str = "Yes", cancel_label: str = "Cancel") -> None:
         super().__init__(classes="dialog-screen")
         self.question = question
         self.confirm_label = confirm_label
+        self.cancel_label = cancel_label
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
             yield Label(safe_text(self.question), classes="question", markup=False)
             with Horizontal(classes="buttons"):
                 yield Button(f"{self.confirm_label} (y)", id="yes", variant="error")
-                yield Button("Cancel (n)", id="no")
+                yield Button(f"{self.cancel_label} (n)", id="no")
+            yield keys_line("y", self.confirm_label.lower(), "n", self.cancel_label.lower())
 
     def on_mount(self) -> None:
         self.query_one("#no", Button).focus()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
         self.dismiss(event.button.id == "yes")
 
     def action_answer(self, value: bool) -> None:
@@ -51,11 +76,20 @@ class ConfirmScreen(ModalScreen[bool]):
 class RestartScreen(ModalScreen[Optional[list[str]]]):
     """Restart the run: the same arguments, or edited ones. Dismisses with the argv, or None to cancel.
 
+    The keys are the confirm dialog's: focus starts on Cancel, Enter presses the focused button, y restarts, n or
+    Escape cancels. Tab reaches the arguments; there the letters are typed, Escape still cancels, and Enter checks
+    the arguments and moves to the Restart button, so that a second Enter (or y) restarts: Enter never restarts
+    from the field.
+
     The arguments are shown through safe_text (an escape sequence in them reads ``␛[2J``, it does not clear the
     screen). Submitted unchanged, the run's own arguments are what restarts, byte for byte; edited, the text as
     typed is the new command line."""
 
-    BINDINGS = [Binding("escape", "cancel", "cancel")]
+    BINDINGS = [
+        Binding("y", "restart", "restart"),
+        Binding("n,escape", "cancel", "cancel"),
+        *MOVE_BINDINGS,
+    ]
 
     def __init__(self, run: str, argv: Sequence[str]) -> None:
         super().__init__(classes="dialog-screen")
@@ -68,40 +102,49 @@ class RestartScreen(ModalScreen[Optional[list[str]]]):
         with Vertical(classes="dialog wide"):
             yield Label(f"Restart {safe_text(self.run)}? The run is stopped, its GPU memory awaited, then launched "
                         "again.", classes="question", markup=False)
-            yield Label("Arguments (edit to relaunch with others):", classes="dim")
+            yield Label("Arguments (Tab to edit them and relaunch with others):", classes="dim")
             yield Input(self.shown, id="argv")
             yield Label("", id="argv-error", classes="error", markup=False)
             with Horizontal(classes="buttons"):
-                yield Button("Restart (Enter)", id="restart", variant="error")
-                yield Button("Cancel (Esc)", id="cancel")
+                yield Button("Restart (y)", id="restart", variant="error")
+                yield Button("Cancel (n)", id="cancel")
+            yield keys_line("y", "restart", "n", "cancel")
 
     def on_mount(self) -> None:
-        self.query_one("#argv", Input).focus()
+        self.query_one("#cancel", Button).focus()
 
-    def _submit(self) -> None:
+    def _argv(self) -> Optional[list[str]]:
+        """The arguments to restart with, or None (and the reason shown) when the field cannot be read as such."""
         text = self.query_one("#argv", Input).value
         if text == self.shown:
-            self.dismiss(list(self.argv))
-            return
+            return list(self.argv)
         try:
             argv = shlex.split(text)
         except ValueError as exc:
             self.query_one("#argv-error", Label).update(f"cannot read the arguments: {exc}")
-            return
+            return None
         if not argv:
             self.query_one("#argv-error", Label).update("the command is empty")
-            return
-        self.dismiss(argv)
+            return None
+        self.query_one("#argv-error", Label).update("")
+        return argv
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()
-        self._submit()
+        if self._argv() is not None:
+            self.query_one("#restart", Button).focus()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
         if event.button.id == "restart":
-            self._submit()
+            self.action_restart()
         else:
             self.dismiss(None)
+
+    def action_restart(self) -> None:
+        argv = self._argv()
+        if argv is not None:
+            self.dismiss(argv)
 
     def action_cancel(self) -> None:
         self.dismiss(None)
@@ -173,11 +216,15 @@ class HelpScreen(ModalScreen[None]):
 
 
 class HostKeyScreen(ModalScreen[bool]):
-    """An unknown SSH host key: show its fingerprint; accept (record it in known_hosts) or refuse."""
+    """An unknown SSH host key: show its fingerprint; accept (record it in known_hosts) or refuse.
+
+    The confirm dialog's keys: focus starts on Refuse and Enter presses the focused button, a accepts, r or Escape
+    refuses."""
 
     BINDINGS = [
         Binding("a", "answer(True)", "accept"),
         Binding("r,escape", "answer(False)", "refuse"),
+        *MOVE_BINDINGS,
     ]
 
     def __init__(self, host_id: str, key_type: str, fingerprint: str, known_hosts_path: str) -> None:
@@ -200,11 +247,13 @@ class HostKeyScreen(ModalScreen[bool]):
             with Horizontal(classes="buttons"):
                 yield Button("Accept (a)", id="accept", variant="warning")
                 yield Button("Refuse (r)", id="refuse")
+            yield keys_line("a", "accept", "r", "refuse")
 
     def on_mount(self) -> None:
         self.query_one("#refuse", Button).focus()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
         self.dismiss(event.button.id == "accept")
 
     def action_answer(self, value: bool) -> None:

@@ -1,7 +1,9 @@
 """The fleet view: every rank of one data-parallel job, one row each, with the job's totals and ETA on top.
 
 Enter opens the selected rank's run screen, on the rank's host, showing the RunModel this screen streams into (one
-watch per run); ``r`` runs a failed rank again, ``c`` cancels the whole job after a confirm. The job's snapshot is
+watch per run); ``r`` runs a failed rank again, ``c`` cancels the whole job after a confirm. ``/`` filters the ranks
+(any column, any case; Esc clears), ``o`` sorts by the next column shown and ``O`` reverses (the arrow on the header
+marks it); the selection stays on its rank. The job's snapshot is
 polled and the ranks' runs streamed by ``eaglewatch.tui.commands.job_follow`` in two thread workers; the table is
 redrawn from the FleetModel at a fixed rate, and only when it moved.
 """
@@ -14,12 +16,23 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer
+from textual.widgets import DataTable, Footer, Input
 from textual.worker import get_current_worker
 
 from eaglewatch.safetext import safe_text
 from eaglewatch.tui.app.screens.dialogs import ConfirmScreen, HelpScreen
-from eaglewatch.tui.app.widgets.fleet import FleetHeader, RankDetail, columns_for, row_cells
+from eaglewatch.tui.app.widgets.fleet import (
+    DEFAULT_SORT,
+    SORT_COLUMNS,
+    FleetHeader,
+    RankDetail,
+    columns_for,
+    header_label,
+    next_sort,
+    row_cells,
+    row_matches,
+)
+from eaglewatch.tui.app.widgets.listing import FilterBar, sort_rows
 from eaglewatch.tui.commands.job_follow import FleetFollower
 from eaglewatch.tui.commands.job_ops import SSH, JobOps
 from eaglewatch.tui.messages import RunSummary
@@ -37,6 +50,11 @@ HELP_ROWS = [
     ("Enter", "open the rank's run screen (Esc comes back here)"),
     ("r", "run the selected rank again, when it failed or was cancelled; it resumes from its files"),
     ("c", "cancel the whole job (confirm)"),
+    ("/", "filter: keep the ranks with this text in any column (any case); Enter keeps it, Esc clears it"),
+    ("o", "sort by the next column shown (rank, host/node, state, phase, samples, tokens/s, GPU mem, root cause); "
+          "the arrow marks it"),
+    ("O", "reverse the sort"),
+    ("Esc", "clear the filter; on a rank's run screen, back to this view"),
     ("?", "this help"),
     ("q", "quit the dashboard; the job keeps running"),
 ]
@@ -44,12 +62,17 @@ HELP_ROWS = [
 
 class FleetScreen(Screen):
     DEFAULT_CSS = """
-    FleetScreen #fleet-ranks { height: 1fr; }
+    FleetScreen #fleet-ranks { height: 1fr; scrollbar-size-vertical: 1; }
     """
     BINDINGS = [
-        Binding("enter", "open_rank", "open", priority=False),
-        Binding("r", "restart_rank", "restart rank"),
-        Binding("c", "cancel_job", "cancel job"),
+        # Before the table's own Enter (which would hide it from the footer); not while the filter line is typed in.
+        Binding("enter", "open_rank", "open", priority=True),
+        Binding("r", "restart_rank", "restart"),
+        Binding("c", "cancel_job", "cancel"),
+        Binding("slash", "filter", "filter"),
+        Binding("o", "sort_next", "sort"),
+        Binding("O", "sort_reverse", "reverse sort", show=False),
+        Binding("escape", "clear_filter", "clear filter", show=False),
         Binding("question_mark", "help", "help"),
         Binding("q", "quit_app", "quit"),
     ]
@@ -70,6 +93,9 @@ class FleetScreen(Screen):
         self._alert_seq = 0
         self._ranks: list[int] = []
         self._columns: tuple[tuple[str, int], ...] = ()
+        self.order = DEFAULT_SORT
+        self._drawn_order = DEFAULT_SORT
+        self.shown: tuple[RankRow, ...] = ()  # as the table shows them: filtered, sorted
         self._cells: dict[int, dict[str, object]] = {}
 
     @property
@@ -83,6 +109,7 @@ class FleetScreen(Screen):
     def compose(self) -> ComposeResult:
         yield FleetHeader(id="fleet-header")
         yield DataTable(id="fleet-ranks", cursor_type="row", zebra_stripes=True)
+        yield FilterBar(id="fleet-filter")
         yield RankDetail(id="fleet-detail")
         yield Footer()
 
@@ -143,24 +170,32 @@ class FleetScreen(Screen):
             self.app.notify(alert.message, title=alert.kind, severity=alert.severity, timeout=8)
             self.app.bell()
 
-    def _show_rows(self, rows: tuple[RankRow, ...]) -> None:
+    def _show_rows(self, all_rows: tuple[RankRow, ...]) -> None:
         table = self.query_one(DataTable)
+        query = self.query_one(FilterBar).value
+        selected = self.selected()
+        rows = tuple(sort_rows((row for row in all_rows if row_matches(row, query)), SORT_COLUMNS[self.order.column],
+                               self.order.reverse))
+        self.shown = rows
+        self.query_one(FilterBar).count(len(rows), len(all_rows), "ranks")
         ranks = [row.rank for row in rows]
         columns = columns_for(self.size.width)
-        if ranks != self._ranks or columns != self._columns:
+        if ranks != self._ranks or columns != self._columns or self.order != self._drawn_order:
             # Widths set here, from the screen: the table's own content-based widths would let long root causes
             # push the columns off the screen.
             cursor = table.cursor_row
             table.clear(columns=True)
             for label, width in columns:
-                table.add_column(label, width=width, key=label)
+                table.add_column(header_label(label, self.order), width=width, key=label)
             for row in rows:
                 cells = row_cells(row)
                 table.add_row(*(cells[label] for label, _ in columns), key=f"rank{row.rank}")
                 self._cells[row.rank] = dict(cells)
-            self._ranks, self._columns = ranks, columns
+            self._ranks, self._columns, self._drawn_order = ranks, columns, self.order
             if rows:
-                table.move_cursor(row=min(max(cursor, 0), len(rows) - 1))
+                # The selection stays on its rank when the order or the filter changes.
+                at = ranks.index(selected.rank) if selected is not None and selected.rank in ranks else None
+                table.move_cursor(row=at if at is not None else min(max(cursor, 0), len(rows) - 1))
             return
         for row in rows:
             cells = row_cells(row)
@@ -174,15 +209,52 @@ class FleetScreen(Screen):
         self.query_one(RankDetail).show(self.selected())
 
     def selected(self) -> Optional[RankRow]:
-        if self.view is None:
-            return None
         cursor = self.query_one(DataTable).cursor_row
-        return self.view.rows[cursor] if 0 <= cursor < len(self.view.rows) else None
+        return self.shown[cursor] if 0 <= cursor < len(self.shown) else None
+
+    # ------------------------------------------------------------------ filter and sort
+
+    def _redraw_now(self) -> None:
+        self._seen = None
+        self.refresh_view()
+        self.query_one(RankDetail).show(self.selected())
+
+    def action_filter(self) -> None:
+        self.query_one(FilterBar).open()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        event.stop()
+        self._redraw_now()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.query_one(FilterBar).close_if_empty()
+        self.query_one(DataTable).focus()
+
+    def action_clear_filter(self) -> None:
+        bar = self.query_one(FilterBar)
+        if bar.has_class("visible") or bar.value:
+            bar.clear()
+            self.query_one(DataTable).focus()
+            self._redraw_now()
+
+    def action_sort_next(self) -> None:
+        self.order = next_sort(self.order, columns_for(self.size.width))
+        self._redraw_now()
+
+    def action_sort_reverse(self) -> None:
+        self.order = self.order.flipped()
+        self._redraw_now()
 
     # ------------------------------------------------------------------ keys
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         self.action_open_rank()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> Optional[bool]:
+        if action == "open_rank" and isinstance(self.focused, Input):
+            return False  # Enter submits the filter
+        return True
 
     def action_open_rank(self) -> None:
         row = self.selected()
@@ -261,7 +333,7 @@ class FleetScreen(Screen):
             if yes:
                 self._cancel()
 
-        self.app.push_screen(ConfirmScreen(question, "Cancel job"), answered)
+        self.app.push_screen(ConfirmScreen(question, "Cancel job", cancel_label="Keep the job"), answered)
 
     @work(thread=True, group="fleet-command", exit_on_error=False)
     def _cancel(self) -> None:

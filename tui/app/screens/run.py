@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import shlex
+import subprocess
+import tempfile
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from textual import work
@@ -16,7 +21,7 @@ from textual.worker import get_current_worker
 
 from eaglewatch import protocol as p
 from eaglewatch.safetext import safe_text
-from eaglewatch.tui.app import gcpolicy
+from eaglewatch.tui.app import gcpolicy, saved
 from eaglewatch.tui.app.feed import follow_run
 from eaglewatch.tui.app.screens.dialogs import ConfirmScreen, HelpScreen, RestartScreen, TracebackScreen
 from eaglewatch.tui.app.widgets.panels import (
@@ -28,6 +33,7 @@ from eaglewatch.tui.app.widgets.panels import (
     RunHeader,
 )
 from eaglewatch.tui.runstate import RunModel
+from eaglewatch.tui.runstate.jobkind import engine_free_tool
 
 if TYPE_CHECKING:
     from eaglewatch.tui.app.app import DashboardApp
@@ -44,10 +50,16 @@ HELP_ROWS = [
     ("s", "stop the run (confirm)"),
     ("l", "full-screen log (again, or Esc, to go back)"),
     ("f", "failures, root cause first; Enter opens the full traceback"),
-    ("g", "GPUs: memory, utilisation, temperature, power, processes by rank"),
-    ("/", "search the log (Enter keeps the filter, Esc clears it)"),
+    ("g", "GPUs: memory, use, temperature, power, processes by rank"),
+    ("/", "search the log, matches marked (Enter keeps, Esc clears)"),
+    ("] [", "in the log: next, previous match of the search"),
+    ("&", "in the log: only the matching lines (again: all lines)"),
     ("v", "log level filter: all, warnings and up, errors"),
     ("n", "log lane filter: all, then each lane in turn"),
+    ("w", "in the log: wrap long lines (again: cut them)"),
+    ("End", "in the log: back to the newest line, following new ones"),
+    ("p", "open the log, as shown, in a pager ($PAGER, else less)"),
+    ("x", "save the log and the tracebacks to files in this folder"),
     ("tab", "move between panels"),
     ("?", "this help"),
     ("q", "detach: quit the dashboard, the job keeps running"),
@@ -70,9 +82,18 @@ class RunScreen(Screen):
         Binding("slash", "search", "search"),
         Binding("question_mark", "help", "help"),
         Binding("q", "detach", "detach"),
-        Binding("Q", "stop_quit", "stop+quit"),
+        # Listed in the help screen only: the footer keeps to one 80-column row.
+        Binding("Q", "stop_quit", "stop+quit", show=False),
+        Binding("p", "pager", "pager", show=False),
+        Binding("x", "save", "save", show=False),
         Binding("escape", "back", "back", show=False),
+        # In read-only mode check_action turns the three above off; these then say why the key did nothing.
+        Binding("r", "refused('restart')", "restart", show=False),
+        Binding("s", "refused('stop')", "stop", show=False),
+        Binding("Q", "refused('stop and quit')", "stop+quit", show=False),
     ]
+    # Keys that would change the job: not offered (footer) in read-only mode, and refused if pressed.
+    CHANGING_ACTIONS = ("restart", "stop", "stop_quit")
 
     def __init__(self, run: Optional[str], model: RunModel, follow: bool = True) -> None:
         super().__init__()
@@ -104,6 +125,7 @@ class RunScreen(Screen):
 
     def on_mount(self) -> None:
         gcpolicy.settle()  # the new run has nothing to show yet: the full collection's pause costs nothing here
+        self.query_one(RunHeader).read_only = self.dash.read_only
         self._layout_for(self.size.width, self.size.height)
         self.set_interval(1 / REFRESH_HZ, self.refresh_view)
         self.refresh_view()
@@ -114,7 +136,10 @@ class RunScreen(Screen):
         self._layout_for(event.size.width, event.size.height)
 
     def _layout_for(self, width: int, height: int) -> None:
-        self.set_class(width >= WIDE_MIN[0] and height >= WIDE_MIN[1], "wide")
+        wide = width >= WIDE_MIN[0] and height >= WIDE_MIN[1]
+        if wide != self.has_class("wide"):
+            self.set_class(wide, "wide")
+            self.query_one(FailurePanel).relabel()
 
     # ------------------------------------------------------------------ IO (thread worker)
 
@@ -152,6 +177,8 @@ class RunScreen(Screen):
                 panels = (self.query_one(FailurePanel),)
             for panel in panels:
                 panel.show(view)
+            # A command that loads no model (prepare, verify, ...) gets no extraction or GPU panel.
+            self.set_class(engine_free_tool(view.argv) is not None, "engine-free")
             self.query_one(LogPanel).lanes = view.lanes
             self._log_behind = True
             if view.run and view.run != self.run_id:
@@ -183,6 +210,14 @@ class RunScreen(Screen):
 
     # ------------------------------------------------------------------ keys
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> Optional[bool]:
+        if action in self.CHANGING_ACTIONS and self.dash.read_only:
+            return False  # not offered in the footer; the key falls through to action_refused
+        return True
+
+    def action_refused(self, what: str) -> None:
+        self._refuse_if_read_only(what)
+
     def _refuse_if_read_only(self, what: str) -> bool:
         if self.dash.read_only:
             self.app.notify(f"read-only: {what} refused", severity="warning")
@@ -202,6 +237,7 @@ class RunScreen(Screen):
             widget.focus()
         if isinstance(widget, GpuPanel) and widget.view is not None:
             widget.show(widget.view)
+        self.query_one(FailurePanel).relabel()
 
     def action_search(self) -> None:
         box = self.query_one("#search", Input)
@@ -277,6 +313,39 @@ class RunScreen(Screen):
                 self._restart_job(None if new_argv == argv else new_argv)
 
         self.app.push_screen(RestartScreen(self.run_id or "", argv), answered)
+
+    # ------------------------------------------------------------------ the log out of the dashboard
+
+    @work(thread=True, group="save", exclusive=True, exit_on_error=False)
+    def action_save(self) -> None:
+        """The log as the dashboard holds it and every failure's traceback, in files in the current folder."""
+        try:
+            paths = saved.save_run(Path.cwd(), self.run_id, self.model.log_since(0), self.model.failures())
+        except OSError as exc:
+            self.app.call_from_thread(self.app.notify, f"could not save: {safe_text(exc)}", severity="error",
+                                      timeout=10)
+            return
+        names = ", ".join(safe_text(path) for path in paths)
+        self.app.call_from_thread(self.app.notify, f"saved {names}", timeout=10)
+
+    @work(thread=True, group="save", exclusive=True, exit_on_error=False)
+    def action_pager(self) -> None:
+        """The log, as shown, in the operator's pager: the dashboard steps aside until the pager quits."""
+        fd, name = tempfile.mkstemp(prefix=f"{saved.file_stem(self.run_id)}.", suffix=".log.txt")
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(saved.log_text(self.model.log_since(0)))
+        self.app.call_from_thread(self._page, name)
+
+    def _page(self, name: str) -> None:
+        pager = shlex.split(os.environ.get("PAGER") or "less -S +G")
+        try:
+            with self.app.suspend():
+                subprocess.call([*pager, name])
+        except Exception as exc:  # no terminal to hand over (a test, a web view) or no such pager
+            self.app.notify(f"no pager ({safe_text(exc) or type(exc).__name__}); the log is in {safe_text(name)}",
+                            severity="warning", timeout=10)
+            return
+        Path(name).unlink(missing_ok=True)
 
     @work(thread=True, group="command", exit_on_error=False)
     def _stop_job(self, quit_after: bool) -> None:

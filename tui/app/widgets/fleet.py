@@ -12,16 +12,19 @@ from rich.text import Text
 from textual.widgets import Static
 
 from eaglewatch.safetext import safe_text
-from eaglewatch.tui.runstate.fleet import CANCELLED, DONE, FAILED, PENDING, RUNNING, FleetView, RankRow
-from eaglewatch.tui.runstate.fmt import fmt_count, fmt_duration, fmt_gb, fmt_rate
+from eaglewatch.tui.app.widgets.listing import SortColumn, SortOrder, matches, sort_mark
+from eaglewatch.tui.runstate.fleet import CANCELLED, DONE, FAILED, OUTCOMES, PENDING, RUNNING, FleetView, RankRow
+from eaglewatch.tui.runstate.fmt import fmt_count, fmt_duration, fmt_gib_used, fmt_rate
 
 COLUMNS = ("rank", "host/node", "state", "phase", "samples", "tokens/s", "GPU mem", "root cause")
 # Widths of every column but the last, which takes what is left of the screen. Below WIDE_MIN columns the GPU
 # memory goes (the run screen has it): the root cause needs the room more.
-WIDTHS = {"rank": 4, "host/node": 14, "state": 10, "phase": 10, "samples": 9, "tokens/s": 8, "GPU mem": 13}
-NARROW_WIDTHS = {"rank": 4, "host/node": 12, "state": 9, "phase": 10, "samples": 7, "tokens/s": 8}
+# Each is at least its label and the sort's arrow ("samples↓").
+WIDTHS = {"rank": 5, "host/node": 14, "state": 10, "phase": 10, "samples": 9, "tokens/s": 9, "GPU mem": 13}
+NARROW_WIDTHS = {"rank": 5, "host/node": 11, "state": 9, "phase": 10, "samples": 8, "tokens/s": 9}
 WIDE_MIN = 120
 CELL_PADDING = 2  # the table's one column of padding on each side of a cell
+SCROLLBAR = 1  # the table's vertical scrollbar (FleetScreen's CSS)
 LAST_MIN = 12
 
 OUTCOME_STYLES = {
@@ -53,9 +56,8 @@ def rate_text(tokens_per_s: Optional[float]) -> str:
 
 
 def gpu_text(used: Optional[int], total: Optional[int]) -> str:
-    if used is None or not total:
-        return "n/a"
-    return f"{used / 1e9:.0f}/{fmt_gb(total)}"
+    """Used over total GPU memory of the rank's node, in GiB as every size in the lists: ``29/140 GiB``."""
+    return fmt_gib_used(used, total)
 
 
 def phase_style(row: RankRow) -> str:
@@ -67,8 +69,51 @@ def phase_style(row: RankRow) -> str:
 def columns_for(width: int) -> tuple[tuple[str, int], ...]:
     """The columns that fit ``width`` and their widths, the root cause last with what is left."""
     widths = WIDTHS if width >= WIDE_MIN else NARROW_WIDTHS
-    used = sum(widths.values()) + CELL_PADDING * (len(widths) + 1) + 2  # the last column's padding, a scrollbar
+    used = sum(widths.values()) + CELL_PADDING * (len(widths) + 1) + SCROLLBAR  # the last column's padding too
     return (*widths.items(), ("root cause", max(LAST_MIN, width - used)))
+
+
+def _fraction(row: RankRow) -> Optional[float]:
+    return row.done / row.total if row.done is not None and row.total else None
+
+
+def _phase_key(row: RankRow) -> tuple[int, str]:
+    """Phases in the order of what became of the rank (pending, running, done, failed, cancelled), then by name."""
+    return (OUTCOMES.index(row.outcome) if row.outcome in OUTCOMES else len(OUTCOMES), row.phase)
+
+
+# The sort of each column (``o`` cycles through those shown, ``O`` reverses); the rank, ascending, first.
+SORT_COLUMNS: tuple[SortColumn[RankRow], ...] = (
+    SortColumn("rank", lambda row: row.rank),
+    SortColumn("host/node", lambda row: row.where.casefold() if row.where != "—" else None),
+    SortColumn("state", lambda row: row.state.casefold() if row.state != "—" else None),
+    SortColumn("phase", _phase_key),
+    SortColumn("samples", _fraction, descending=True),
+    SortColumn("tokens/s", lambda row: row.tokens_per_s, descending=True),
+    SortColumn("GPU mem", lambda row: row.gpu_used, descending=True),
+    SortColumn("root cause", lambda row: why_text(row).casefold() or None),
+)
+SORT_LABELS = tuple(column.label for column in SORT_COLUMNS)
+DEFAULT_SORT = SortOrder(0, False)
+
+
+def next_sort(order: SortOrder, shown: tuple[tuple[str, int], ...]) -> SortOrder:
+    """The next column of those ``shown`` (columns_for), in its own starting direction."""
+    labels = [label for label, _ in shown]
+    current = SORT_LABELS[order.column]
+    at = labels.index(current) if current in labels else -1
+    index = SORT_LABELS.index(labels[(at + 1) % len(labels)])
+    return SortOrder(index, SORT_COLUMNS[index].descending)
+
+
+def header_label(label: str, order: SortOrder) -> str:
+    """A column's header, with the sort's arrow on the sorted one."""
+    return label + sort_mark(order) if SORT_LABELS[order.column] == label else label
+
+
+def row_matches(row: RankRow, query: str) -> bool:
+    """Whether the filter keeps a rank: ``query`` in any of its cells (as painted, whole), or its run id."""
+    return matches([*(cell.plain for cell in row_cells(row).values()), safe_text(row.run)], query)
 
 
 def why_text(row: RankRow) -> str:

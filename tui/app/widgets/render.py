@@ -12,6 +12,7 @@ from rich.text import Text
 
 from eaglewatch.safetext import safe_text
 from eaglewatch.tui.runstate import CheckView, FailureView, GpuView, LogLine, RunView
+from eaglewatch.tui.runstate.jobkind import ENGINE_FREE_TOOLS, engine_free_tool
 from eaglewatch.tui.runstate.fmt import bar, fmt_bytes, fmt_count, fmt_duration, fmt_gb, fmt_rate, sparkline
 
 PHASE_STYLES = {
@@ -21,6 +22,7 @@ PHASE_STYLES = {
     "done": "bold green",
     "failed": "bold white on red",
     "stalled": "bold black on yellow",
+    "stopped": "bold black on yellow",
     "lost": "bold white on red",
 }
 LEVEL_STYLES = {"WARNING": "yellow", "ERROR": "bold red", "CRITICAL": "bold white on red", "DEBUG": "dim"}
@@ -46,10 +48,48 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def header_text(view: RunView, width: int) -> Text:
+def flow(items: list[Text], width: int, gap: str = "  ") -> Text:
+    """Items side by side while they fit ``width``, the next one on a new line when it does not, so that a narrow
+    panel shows every figure instead of cutting the last ones. An item wider than a line is cut with an ellipsis."""
+    out = Text(no_wrap=True, overflow="ellipsis")
+    used = 0
+    for item in items:
+        if not item.plain:
+            continue
+        need = len(item.plain) + (len(gap) if used else 0)
+        if used and used + need > width:
+            out.append("\n")
+            used = 0
+        elif used:
+            out.append(gap)
+        if len(item.plain) > width:
+            item = item.copy()
+            item.truncate(width, overflow="ellipsis")
+        out.append_text(item)
+        used += len(item.plain) + (len(gap) if used else 0)
+    return out
+
+
+def _figure(label: str, value: str, style: str = "", tail: str = "", tail_style: str = "dim") -> Text:
+    text = Text(no_wrap=True)
+    if label:
+        text.append(label + " ", "dim")
+    text.append(value, style)
+    if tail:
+        text.append(tail, tail_style)
+    return text
+
+
+READ_ONLY_BADGE = " READ-ONLY "
+
+
+def header_text(view: RunView, width: int, read_only: bool = False) -> Text:
     first = Text(no_wrap=True, overflow="ellipsis")
     first.append(f" {_s(view.host)} ", "bold reverse")
     first.append(" ")
+    if read_only:
+        first.append(READ_ONLY_BADGE, "bold black on yellow")
+        first.append(" ")
     first.append(f" {_s(view.phase).upper()} ", PHASE_STYLES.get(view.phase, "bold"))
     for mark in view.marks:
         if mark != view.phase:
@@ -57,7 +97,8 @@ def header_text(view: RunView, width: int) -> Text:
             first.append(f"⚑ {_s(mark)}", "bold red" if mark == "failed" else "bold yellow")
     if view.exit_text:
         first.append("  ")
-        first.append(_s(view.exit_text), "bold green" if view.exit_code == 0 else "bold red")
+        ok = view.exit_code == 0 or view.phase == "stopped"  # the operator's stop is no failure
+        first.append(_s(view.exit_text), "bold green" if view.exit_code == 0 else "bold yellow" if ok else "bold red")
     if view.uptime_s is not None:
         first.append(f"  up {fmt_duration(view.uptime_s)}")
     if view.link and view.link != "connected":
@@ -101,6 +142,19 @@ def load_text(view: RunView, width: int) -> Text:
     return text
 
 
+def tool_text(view: RunView, width: int) -> Text:
+    """A run of an eaglewatch command that loads no model (prepare, verify, ...): what it does, and where its
+    report is, instead of loading, extraction and GPU panels that would stay empty."""
+    tool = engine_free_tool(view.argv) or ""
+    text = Text(no_wrap=True, overflow="ellipsis")
+    text.append(f"eaglewatch {tool}", "bold")
+    text.append("\n".join(["", *wrap_words(ENGINE_FREE_TOOLS.get(tool, ""), width, 2)]), "dim")
+    text.append("\n")
+    text.append("no model load, no GPU: its report is in the log" if view.job_state != "exited"
+                else "ended: its report is in the log", "dim")
+    return text
+
+
 CHECK_MARKS = {"pass": ("✓", "green"), "warn": ("!", "bold yellow"), "fail": ("✗", "bold red"),
                "running": ("▸", "bold cyan")}
 _CHECK_ORDER = {"fail": 0, "running": 1, "warn": 2, "pass": 3}
@@ -131,11 +185,11 @@ def preflight_text(view: RunView, width: int) -> Text:
         text.append(f"{mark} ", style)
         text.append(_clip(_s(check.name), name_w).ljust(name_w), "bold" if check.status != "pass" else "")
         text.append(" ")
-        text.append_text(_check_detail(check, max(1, width - name_w - 3)))
+        text.append_text(_check_detail(check, max(1, width - name_w - 3), indent=name_w + 3))
     return text
 
 
-def _check_detail(check: CheckView, width: int) -> Text:
+def _check_detail(check: CheckView, width: int, indent: int = 0) -> Text:
     text = Text(no_wrap=True, overflow="ellipsis")
     if check.status == "running":
         text.append(_s(check.stage or "running"), "bold cyan")
@@ -146,8 +200,36 @@ def _check_detail(check: CheckView, width: int) -> Text:
         return text
     took = f" ({fmt_duration(check.elapsed_s)})" if check.elapsed_s is not None else ""
     style = {"fail": "red", "warn": "yellow"}.get(check.status, "dim")
+    if check.status in ("fail", "warn"):
+        # What failed or warned is the point of the panel: its reason wraps (to a few lines) instead of being cut.
+        lines = wrap_words(_s(check.reason) + took, width, REASON_LINES)
+        text.append(("\n" + " " * indent).join(lines), style)
+        return text
     text.append(_clip(_s(check.reason) + took, width), style)
     return text
+
+
+REASON_LINES = 3  # a failed or warned check's reason, at most
+
+
+def wrap_words(value: str, width: int, most: int) -> list[str]:
+    """``value`` in lines of at most ``width`` characters, broken at spaces where it can be; at most ``most``
+    lines, the last cut with an ellipsis when there is more."""
+    width = max(1, width)
+    lines: list[str] = []
+    rest = value
+    while rest and len(lines) < most:
+        if len(rest) <= width:
+            lines.append(rest)
+            rest = ""
+            break
+        cut = rest.rfind(" ", 0, width + 1)
+        cut = cut if cut > 0 else width
+        lines.append(rest[:cut].rstrip())
+        rest = rest[cut:].lstrip()
+    if rest and lines:
+        lines[-1] = _clip(lines[-1] + " " + rest, width)
+    return lines or [""]
 
 
 def _append_load_step(text: Text, view: RunView, width: int) -> None:
@@ -171,39 +253,34 @@ def extraction_text(view: RunView, width: int) -> Text:
     text.append("samples ", "dim")
     text.append(count, "bold")
     text.append(" ")
-    text.append(bar(fraction, max(4, min(30, width - 24))), "green")
-    if fraction is not None:
-        text.append(f" {100 * fraction:3.0f}%")
-    text.append("\n")
+    percent = f" {100 * fraction:3.0f}%" if fraction is not None else ""
+    text.append(bar(fraction, max(4, min(30, width - len("samples ") - len(count) - 1 - len(percent)))), "green")
+    text.append(percent)
+    figures: list[Text] = []
     if ex.tokens_per_s is None and ex.samples_per_s is not None:
-        text.append("samples/s ", "dim")
-        text.append(f"{ex.samples_per_s:,.1f}")
+        figures.append(_figure("samples/s", f"{ex.samples_per_s:,.1f}"))
     else:
-        text.append("tokens/s ", "dim")
-        text.append(f"{ex.tokens_per_s:,.0f}" if ex.tokens_per_s is not None else "?")
+        figures.append(_figure("tokens/s", f"{ex.tokens_per_s:,.0f}" if ex.tokens_per_s is not None else "?"))
     if ex.failed_samples is not None:
         # A job that skips failed samples and goes on (speculators'): how many it lost says more than bytes.
-        text.append("  failed ", "dim")
-        text.append(f"{ex.failed_samples:,}", "bold red" if ex.failed_samples else "")
+        figures.append(_figure("failed", f"{ex.failed_samples:,}", "bold red" if ex.failed_samples else ""))
     else:
-        text.append("  written ", "dim")
-        text.append(fmt_gb(ex.bytes) if ex.bytes >= 1e8 else fmt_bytes(ex.bytes))
-    text.append("  eta ", "dim")
-    text.append("done" if view.phase == "done" else fmt_duration(ex.eta_s))
-    text.append("\n")
-    text.append("disk free ", "dim")
+        figures.append(_figure("written", fmt_bytes(ex.bytes)))
+    figures.append(_figure("eta", "done" if view.phase == "done" else fmt_duration(ex.eta_s)))
     if ex.disk_free is not None:
-        text.append(fmt_gb(ex.disk_free), "bold red" if "low disk" in view.marks else "")
-        if ex.disk_total:
-            text.append(f" of {fmt_gb(ex.disk_total)}", "dim")
+        disk = _figure("disk free", fmt_gb(ex.disk_free), "bold red" if "low disk" in view.marks else "",
+                       f" of {fmt_gb(ex.disk_total)}" if ex.disk_total else "")
+        figures.append(disk)
         if ex.bytes_to_go is not None:
             # What the job still needs says more than the growth rate: a fast writer may stop well before full.
             short = ex.disk_free - ex.bytes_to_go < 0
-            text.append(f"  needs {fmt_gb(ex.bytes_to_go)} more", "bold red" if short else "dim")
+            figures.append(_figure("needs", f"{fmt_gb(ex.bytes_to_go)} more", "bold red" if short else ""))
         elif ex.disk_full_in_s:
-            text.append(f"  full in {fmt_duration(ex.disk_full_in_s)}", "yellow")
+            figures.append(_figure("full in", fmt_duration(ex.disk_full_in_s), "yellow"))
     else:
-        text.append("n/a", "dim")
+        figures.append(_figure("disk free", "n/a", "dim"))
+    text.append("\n")
+    text.append_text(flow(figures, width))
     return text
 
 
@@ -215,7 +292,7 @@ def _gpu_lines(gpu: GpuView, width: int, wide: bool) -> Text:
         return text
     used, total = gpu.mem_used, gpu.mem_total
     fraction = used / total if used is not None and total else None
-    figures = f" {fmt_gb(used).replace(' GB', '')}/{fmt_gb(total)}"
+    figures = f" {fmt_gb(used).replace(' GiB', '')}/{fmt_gb(total)}"
     util = f" {gpu.util:3.0f}%" if gpu.util is not None else "   ?%"
     temp = f" {gpu.temp_c:.0f}°C" if gpu.temp_c is not None else " ?°C"
     power = f" {gpu.power_w:.0f}W" if gpu.power_w is not None else " ?W"
@@ -249,7 +326,8 @@ def _gpu_lines(gpu: GpuView, width: int, wide: bool) -> Text:
 def gpu_text(view: RunView, width: int, wide: bool = False) -> Text:
     if not view.gpus:
         text = Text(no_wrap=True, overflow="ellipsis")
-        text.append("no GPU telemetry" if view.gpu_note is None else _clip(_s(view.gpu_note), width), "dim")
+        note = "no GPU telemetry" if view.gpu_note is None else _s(view.gpu_note)
+        text.append("\n".join(wrap_words(note, width, 3)), "dim")
         host = view.host_info
         if host.cpu_percent is not None or host.ram_total:
             text.append("\n")
@@ -285,13 +363,21 @@ def sureness(failure: FailureView) -> str:
     return f"{failure.confidence}: {failure.basis}" if failure.basis else failure.confidence
 
 
-def failure_label(failure: FailureView, width: int) -> Text:
-    text = Text(no_wrap=False)
+def failure_label(failure: FailureView, width: int, compact: bool = False) -> Text:
+    """A failure's row: its summary, lanes, and what the decoder adds. ``compact``: one line, cut to ``width``
+    (a narrow screen keeps room for the log; the full label is one key away, f)."""
+    text = Text(no_wrap=compact, overflow="ellipsis")
     tag = "" if failure.tier == "original" else f"[{failure.tier}] "
     text.append(f"{failure.position}. ", "bold")
     if tag:
         text.append(tag, "dim")
     text.append(_s(failure.summary), "bold red" if failure.position == 1 else "red")
+    if compact:
+        text.append(f" · {_s(failure.lanes)}", "cyan")
+        if failure.provisional:
+            text.append(f" · {PROVISIONAL_MARK}", "italic yellow")
+        text.truncate(max(1, width), overflow="ellipsis")
+        return text
     text.append(f"\n   {_s(failure.lanes)}", "cyan")
     if failure.count > 1:
         text.append(f" · printed {failure.count}×", "dim")
