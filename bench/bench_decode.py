@@ -7,6 +7,7 @@ chunks, as a channel delivers it.
 
     python bench/bench_decode.py                 # throughput (about 2M lines) and RSS after 10M lines
     python bench/bench_decode.py --lines 500000 --rss-lines 0   # quick look
+    python bench/bench_decode.py --against /tmp/old --rss-lines 0  # beside another checkout's decoder, in turns
 
 "Lines" are what ``str.splitlines()`` returns for the same text, so both sides count the same things (a
 ``\\r`` rewrite of a bar counts as a line for both).
@@ -191,11 +192,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rss-lines", type=int, default=10_000_000, help="lines for the memory run (0: skip)")
     parser.add_argument("--memory-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--against", metavar="TREE",
+                        help="another checkout (its top folder): its decoder and this one, in turns on the same mix")
+    parser.add_argument("--rate-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.memory_only:
         bench_memory(args.rss_lines)
         return 0
+    if args.rate_only:
+        print(bench_throughput(args.lines, args.repeats)["decoder_lines_per_s"])
+        return 0
+    if args.against:
+        return _side_by_side(args)
     print(f"python {sys.version.split()[0]}, one process (one core)")
     result = bench_throughput(args.lines, args.repeats)
     print(f"mix: {result['lines']:,} lines, {result['bytes'] / 2**20:.1f} MiB, "
@@ -207,6 +216,26 @@ def main(argv: list[str] | None = None) -> int:
         # A fresh interpreter, so that the throughput run's buffers do not hide the decoder's own memory.
         sys.stdout.flush()
         subprocess.run([sys.executable, __file__, "--memory-only", "--rss-lines", str(args.rss_lines)], check=True)
+    return 0
+
+
+def _side_by_side(args: argparse.Namespace) -> int:
+    """This tree's decoder and another checkout's, each in fresh processes taking turns (so a busy machine slows
+    both alike), best of the turns each: lines per second and their ratio."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    trees = {"this": here, "other": os.path.abspath(args.against)}
+    best = {name: 0.0 for name in trees}
+    for _ in range(args.repeats):
+        for name, tree in trees.items():
+            env = dict(os.environ, PYTHONPATH=tree)
+            out = subprocess.run([sys.executable, __file__, "--rate-only", "--lines", str(args.lines),
+                                  "--repeats", "1"], env=env, check=True, capture_output=True, text=True)
+            best[name] = max(best[name], float(out.stdout.strip().splitlines()[-1]))
+    print(f"python {sys.version.split()[0]}, one process (one core) each, {args.lines:,} lines, best of "
+          f"{args.repeats} turns")
+    print(f"this tree  ({trees['this']}): {best['this']:>12,.0f} lines/s")
+    print(f"other tree ({trees['other']}): {best['other']:>12,.0f} lines/s")
+    print(f"this / other: {best['this'] / best['other']:.3f}")
     return 0
 
 

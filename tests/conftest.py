@@ -23,6 +23,12 @@ TEST_SEED = int(os.environ.get("EAGLEWATCH_TEST_SEED") or random.SystemRandom().
 os.environ["EAGLEWATCH_TEST_SEED"] = str(TEST_SEED)
 
 
+def pytest_addoption(parser) -> None:
+    parser.addoption("--update-goldens", action="store_true", default=False,
+                     help="rewrite the golden files of the example tests (tests/fixtures/shapes/*.golden.json) "
+                          "from what the code decodes now")
+
+
 def pytest_report_header(config) -> str:
     return f"EAGLEWATCH_TEST_SEED={TEST_SEED}"
 

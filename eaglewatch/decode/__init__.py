@@ -8,8 +8,8 @@ Pure standard library: it imports neither Textual nor paramiko nor torch, so the
 * ``header``: logger headers -> level, time, source;
 * ``bars``: tqdm bars -> :class:`BarUpdate`;
 * ``traceback``: per-lane traceback assembly (chains, groups, faulthandler, C++ aborts, parts of tracebacks);
-* ``deaths``: "killed by signal", "died unexpectedly", the OOM killer; ``nativelines``: NCCL watchdog timeouts
-  and native CUDA checks;
+* ``deaths``: "killed by signal", "died unexpectedly", the OOM killer; ``lineshapes``: the catalogue of one-line
+  failure shapes (NCCL watchdog timeouts, native CUDA checks, scheduler kills, usage errors: one row each);
 * ``rootcause``: grouping across ranks and ranking, root cause first; ``hints``: the hint table;
 * ``decoder``: :class:`Decoder` ties them together; ``state``: :class:`DecodeState`, what a dashboard reads;
 * ``report``: JSON and text output; ``live``/``cli``: ``eaglewatch decode``.

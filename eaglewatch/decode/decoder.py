@@ -16,7 +16,8 @@ EngineCore's bar.
 Before a line reaches the assembler, what a paste added around it is set aside (``clean_message``: a literal
 ``^M``, Ray's ``[repeated 5x across cluster]``, markdown). A lone ``Traceback (most recent call last):`` in one
 lane and frames without a header in another within a few lines are joined into one traceback. Lines no report
-claims are looked at for NCCL watchdog timeouts, native CUDA checks (``nativelines``) and death notices.
+claims are looked at for NCCL watchdog timeouts, native CUDA checks and the other rows of
+``lineshapes.SHAPES``, and death notices.
 
 The assembler shows a failure as soon as its exception line arrives: :class:`ProvisionalFailure` events and
 ``DecodeState.set_provisional``; the final :class:`TracebackEvent` replaces it.
@@ -37,7 +38,7 @@ from eaglewatch.decode.events import Event, LineEvent, ProvisionalFailure
 from eaglewatch.decode.header import LEVELS, VLLM_HEADER, parse_header
 from eaglewatch.decode.lanes import MAIN, LaneId, PrefixParser, lane_from_prefix, split_prefix
 from eaglewatch.decode.lines import LineSplitter
-from eaglewatch.decode.nativelines import maybe_native, maybe_watchdog, native_failure, watchdog_failures
+from eaglewatch.decode.lineshapes import MARKERS, line_failures, may_be_shape
 from eaglewatch.decode.state import DecodeState, LaneState, lane_key
 from eaglewatch.decode.traceback import BASIS_JOINED, TracebackAssembler, may_start, starts_block
 
@@ -131,7 +132,7 @@ def clean_message(msg: str) -> str:
 class _Proc:
     """What the decoder keeps per process besides the state: its assembler and its previous line."""
 
-    __slots__ = ("lane", "asm", "prev_msg", "prev_record", "run_first")
+    __slots__ = ("lane", "asm", "prev_msg", "prev_record", "run_first", "seen")
 
     def __init__(self, lane: LaneState) -> None:
         self.lane = lane
@@ -141,6 +142,8 @@ class _Proc:
         # The first line of the logger record the previous line belongs to (lines of one record share level, time
         # and source): ``logger.exception(e)`` prints str(e) there, before the traceback.
         self.run_first: Optional[str] = None
+        # Where this lane last printed each line start a one-line shape waits for (lineshapes.MARKERS).
+        self.seen: dict[str, int] = {}
 
     @property
     def rank(self) -> Optional[int]:
@@ -364,6 +367,8 @@ class Decoder:
         now: float,
     ) -> None:
         proc, name = hit
+        if msg.startswith(MARKERS):
+            proc.seen[next(m for m in MARKERS if msg.startswith(m))] = self._line_no
         event = LineEvent(name, level, time, source, msg)
         out.append(event)
         self.state.add_line(proc.lane, event, now)
@@ -375,7 +380,7 @@ class Decoder:
                 and not (msg[0] in _BLOCK_FIRST and starts_block(msg))):
             # The common case, an INFO line outside any report: only a native line may hide in it (a
             # collector's INFO in front of a C++ CUDA check), and the engine's facts.
-            if "rror" in msg or "atchdog" in msg or " WARN " in msg or "UCX" in msg or "Assertion `" in msg:
+            if may_be_shape(msg):
                 self._native_lines(proc, name, msg, level, time, source, out)
             elif "LLM engine (v" in msg:
                 self._engine_facts(msg)
@@ -425,9 +430,7 @@ class Decoder:
                     elif asm.started_by == "frame" and self._orphan is not None:
                         self._join_orphan_header(proc, asm)
 
-        if not consumed and msg and ("rror" in msg or "atchdog" in msg or " WARN " in msg or "UCX" in msg
-                                     or "Assertion `" in msg or msg[:8] == "[ERROR] " or " marked dead" in msg
-                                     or "UDA failure " in msg):
+        if not consumed and msg and may_be_shape(msg):
             self._native_lines(proc, name, msg, level, time, source, out)
         if level not in _QUIET_LEVELS:
             if not consumed and maybe_death(msg):
@@ -449,14 +452,11 @@ class Decoder:
 
     def _native_lines(self, proc: _Proc, name: str, msg: str, level: Optional[str], time: Optional[str],
                       source: Optional[str], out: list[Event]) -> None:
-        """NCCL watchdog timeouts and native CUDA checks: failures whatever level a collector printed."""
-        if maybe_watchdog(msg):
-            self._add_failures(watchdog_failures(msg, name, self._line_no, level, time, source, proc.lane.pid,
-                                                 proc.rank), proc, out)
-        elif maybe_native(msg):
-            native = native_failure(msg, name, self._line_no, level, time, source, proc.lane.pid)
-            if native is not None:
-                self._add_failures([native], proc, out)
+        """The one-line shapes (lineshapes.SHAPES: NCCL watchdog timeouts, native CUDA checks, ...): failures
+        whatever level a collector printed."""
+        found = line_failures(msg, name, self._line_no, level, time, source, proc.lane.pid, proc.rank, proc.seen)
+        if found:
+            self._add_failures(found, proc, out)
 
     def _feed(self, proc: _Proc, asm: TracebackAssembler, msg: str, level: Optional[str], time: Optional[str],
               source: Optional[str], out: list[Event]) -> bool:

@@ -48,7 +48,7 @@ from eaglewatch.decode.events import (
 from eaglewatch.decode.exclass import class_from_message
 from eaglewatch.decode.hints import Hint, classify
 from eaglewatch.decode.lanes import KIND_WORKER, MAIN_LANE, compress_names
-from eaglewatch.decode.nativelines import watchdog_key
+from eaglewatch.decode.lineshapes import watchdog_key
 from eaglewatch.decode.traceback import (
     BASIS_BANNER,
     BASIS_FAULTHANDLER,

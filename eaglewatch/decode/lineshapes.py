@@ -1,0 +1,334 @@
+"""The catalogue of one-line failure shapes: fatal lines that are not Python exceptions, one row each.
+
+A row says how a shape is found and read: its ``triggers`` (cheap substrings, one of which the line must hold),
+its ``pattern``, how the match becomes a failure (``read``), the decoder's ``basis`` for it, the lines that must
+come before it (``after``: a prefix, such as argparse's ``usage:``), and the public threads its example comes
+from. Rows are tried in order; the first that reads the line wins.
+
+Everything else is made from the rows: the gate that the decoder asks of every line (:data:`GATE`, one regular
+expression of all triggers, so a row's trigger cannot be forgotten in a filter), the markers it keeps per lane
+(:data:`MARKERS`), the example files' golden tests (``tests/test_decode_shapes.py``, examples in
+``tests/fixtures/shapes/<name>.log``) and the shapes table of ``docs/decode.md``.
+
+Adding a shape is adding a row here and its example file; nothing else names it. Python tracebacks are not rows:
+they span lines and chain, and ``traceback.py`` reads them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable, NamedTuple, Optional
+
+from eaglewatch.decode.events import (
+    KIND_NATIVE,
+    KIND_WATCHDOG,
+    LIKELY,
+    ExceptionRecord,
+    Frame,
+    TracebackEvent,
+)
+from eaglewatch.decode.exclass import class_from_message
+from eaglewatch.decode.frames import frame_kind
+
+WATCHDOG_TYPE = "NCCL watchdog timeout"
+NATIVE_CUDA_TYPE = "CUDA Error"
+TORCH_CUDA_ERROR = "torch.AcceleratorError"
+RAY_NODE_DIED = "Ray node died"
+USAGE_ERROR = "Usage error"
+CHECK_FAILED = "Check failed"
+RAY_MEMORY_KILL = "Killed by Ray's memory monitor"
+
+
+class Reading(NamedTuple):
+    """What a row read from a line: the failure's type and message, where native code said it failed, the
+    signal that ended the process when the line says so, and the rank the report names (``None``: its lane's)."""
+
+    exc_type: str
+    message: str
+    frame: Optional[Frame] = None
+    signal: Optional[str] = None
+    rank: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str  # also the example file's name: tests/fixtures/shapes/<name>.log
+    summary: str  # one line for the docs' table
+    triggers: tuple[str, ...]  # the line holds at least one (case as written)
+    pattern: re.Pattern[str]
+    read: Callable[[re.Match[str], str], Optional[Reading]]
+    basis: str  # the decoder's word for how it knows
+    examples: tuple[str, ...]  # the public threads the example lines come from
+    kind: str = KIND_NATIVE
+    anchored: bool = False  # the pattern matches at the line's start (else anywhere in its first ``window``)
+    window: int = 4000
+    every: bool = False  # one failure per match: a line can carry several ranks' reports run together
+    after: Optional[str] = None  # only after a line of this lane that starts with this
+    after_within: int = 40  # ... at most this many of its lines before
+
+    def matches(self, msg: str) -> list[re.Match[str]]:
+        if self.every:
+            return list(self.pattern.finditer(msg))
+        found = self.pattern.match(msg) if self.anchored else self.pattern.search(msg, 0, self.window)
+        return [found] if found is not None else []
+
+
+def _frame(file: str, line: str, function: Optional[str] = None) -> Frame:
+    return Frame(file, int(line), function, None, frame_kind(file))
+
+
+# ---------------------------------------------------------------------------------------------------- readers
+
+
+def _watchdog(found: re.Match[str], msg: str) -> Reading:
+    return Reading(WATCHDOG_TYPE, found.group(0).strip(), rank=found.group("rank"))
+
+
+def _watchdog_failure(found: re.Match[str], msg: str) -> Reading:
+    return Reading(WATCHDOG_TYPE, msg[found.start():].strip(), rank=found.group("rank"))
+
+
+def _cuda_check(found: re.Match[str], msg: str) -> Reading:
+    file = found.group("f1") or found.group("f2") or found.group("f3") or found.group("f4")
+    line = found.group("l1") or found.group("l2") or found.group("l3") or found.group("l4")
+    # "CUDA Error: out of memory at x.cpp:56" reads as type and message; the other forms are kept whole.
+    text = msg[found.start("m1"):].strip() if found.group("m1") else msg[found.start():].strip()
+    return Reading(NATIVE_CUDA_TYPE, text, _frame(file, line))
+
+
+def _torch_cuda_hint(found: re.Match[str], msg: str) -> Reading:
+    return Reading(TORCH_CUDA_ERROR, f"CUDA error: {found.group('code')} (the exception's first line is not in the "
+                                     "log; this is PyTorch's line that closes its message)")
+
+
+def _cann(found: re.Match[str], msg: str) -> Reading:
+    return Reading(f"{found.group('mod')} ERROR", found.group("msg").strip(), _frame(found.group("src"),
+                                                                                      found.group("line")))
+
+
+def _device_assert(found: re.Match[str], msg: str) -> Reading:
+    return Reading(NATIVE_CUDA_TYPE, f"Assertion `{found.group('check')}` failed. (device-side, in "
+                                     f"{found.group('kernel')})",
+                   _frame(found.group("file"), found.group("line"), found.group("kernel")))
+
+
+def _message_as(exc_type: str) -> Callable[[re.Match[str], str], Reading]:
+    def read(found: re.Match[str], msg: str) -> Reading:
+        return Reading(exc_type, found.group("msg").strip())
+    return read
+
+
+def _ucx(found: re.Match[str], msg: str) -> Reading:
+    return Reading("UCX ERROR", found.group("msg").strip(), _frame(found.group("src"), found.group("line")))
+
+
+def _ray_core(found: re.Match[str], msg: str) -> Optional[Reading]:
+    status = _RAY_STATUS.search(found.group("msg"))
+    frame = _frame(found.group("src"), found.group("line"))
+    if status is not None:
+        return Reading(status.group("status"), status.group("msg").strip(), frame)
+    if found.group("lvl") == "F":
+        return Reading("Ray fatal error", found.group("msg").strip(), frame)
+    return None
+
+
+def _check_failed(found: re.Match[str], msg: str) -> Reading:
+    return Reading(CHECK_FAILED, found.group("msg").strip(), _frame(found.group("src"), found.group("line")))
+
+
+def _ort_cuda(found: re.Match[str], msg: str) -> Reading:
+    return Reading(NATIVE_CUDA_TYPE, f"CUDA failure {found.group('code')}: {found.group('msg').strip()}",
+                   _frame(found.group("file"), found.group("line")))
+
+
+def _node_dead(found: re.Match[str], msg: str) -> Reading:
+    return Reading(RAY_NODE_DIED, msg[found.start():].strip())
+
+
+def _watchdog_died(found: re.Match[str], msg: str) -> Reading:
+    quoted = found.group("msg").strip()
+    return Reading(class_from_message(quoted) or "c10::DistBackendError", quoted)
+
+
+def _memory_monitor(found: re.Match[str], msg: str) -> Reading:
+    return Reading(RAY_MEMORY_KILL, msg[found.start():found.end()].strip(), signal="SIGKILL")
+
+
+def _usage(found: re.Match[str], msg: str) -> Reading:
+    return Reading(USAGE_ERROR, f"{found.group('prog').strip()}: {found.group('msg').strip()}")
+
+
+def _library(found: re.Match[str], msg: str) -> Reading:
+    return Reading(f"{found.group('lib')} error", found.group("msg").strip())
+
+
+_RAY_STATUS = re.compile(r"\b(?P<status>IOError|Invalid|NotFound|TimedOut|OutOfMemory|ObjectStoreFull|OutOfDisk"
+                         r"|RpcError|NotImplemented|UnknownError): (?P<msg>\S.*)")
+
+# ---------------------------------------------------------------------------------------------------- the rows
+
+SHAPES: tuple[Shape, ...] = (
+    Shape(
+        "nccl-watchdog-timeout", "an NCCL watchdog's collective timeout; several ranks' may run together on a line",
+        ("atchdog caught",),
+        re.compile(r"(?:\[(?:PG [^\]]*?)?Rank (?P<rank>\d+)\] )?Watchdog caught collective operation timeout: "
+                   r"(?P<work>WorkNCCL\((?:[^()]|\([^()]*\))*\)?)(?: ran for \d+ milliseconds before timing out\.?)?"),
+        _watchdog, "NCCL watchdog report", ("https://github.com/hiyouga/LlamaFactory/issues/7396",),
+        kind=KIND_WATCHDOG, every=True),
+    Shape(
+        "nccl-watchdog-failure", "PyTorch 2.6 and later: the watchdog's failure at a work sequence id",
+        ("detected by watchdog",),
+        re.compile(r"(?:\[PG ID \d+ PG GUID [^\]]*?Rank (?P<rank>\d+)\] +)?failure detected by watchdog at work "
+                   r"sequence id: (?P<seq>\d+)"),
+        _watchdog_failure, "NCCL watchdog report", ("https://github.com/sgl-project/sglang/issues/10216",),
+        kind=KIND_WATCHDOG, every=True),
+    Shape(
+        "cuda-check", "a C++ CUDA check: vLLM's CUDACHECK, an allocator's, the CUDA samples', torch_memory_saver's",
+        ("CUDA Error: ", "CUDA error: ", "Cuda error ", "CUDA error at ", "cudaError error: "),
+        re.compile(r"CUDA [Ee]rror: (?P<m1>.+?) at (?P<f1>[\w./\-]+\.\w+):(?P<l1>\d+)"
+                   r"|Failed: Cuda error (?P<f2>[\w./\-]+\.\w+):(?P<l2>\d+) '(?P<m2>[^']*)'"
+                   r"|CUDA error at (?P<f3>[\w./\-]+\.\w+):(?P<l3>\d+) code=(?P<m3>.+)"
+                   r"|cudaError error: (?P<m4>\d+ \([^)]*\)) +file=(?P<f4>[\w./\-]+\.\w+) func=\S+ line=(?P<l4>\d+)"),
+        _cuda_check, "native error line (no Python exception)",
+        ("https://github.com/vllm-project/vllm/pull/12981", "https://github.com/fzyzcjy/torch_memory_saver/issues/99")),
+    Shape(
+        "torch-cuda-hint", "PyTorch's closing line of a CUDA error whose exception line the paste lost",
+        ("Search for `cudaError",),
+        re.compile(r"Search for `(?P<code>cudaError\w+)' in https://docs\.nvidia\.com/"),
+        _torch_cuda_hint, "PyTorch's CUDA error line, its exception line missing",
+        ("https://github.com/noonghunna/club-3090/issues/106",), window=200),
+    Shape(
+        "cann-error", "Huawei CANN's error line (HCCL, the runtime, the graph engine on Ascend NPUs)",
+        ("[ERROR] ",),
+        re.compile(r"\[ERROR\] (?P<mod>[A-Z][A-Z_]{1,15})\(\d+,[^)]*\):\S+ \[(?P<src>[\w.]+):(?P<line>\d+)\]"
+                   r"(?:\[[^\]]*\])*(?P<msg>.*)"),
+        _cann, "CANN error line", ("https://github.com/gpustack/gpustack/issues/2021",), anchored=True),
+    Shape(
+        "cuda-device-assert", "a CUDA kernel's device-side assertion, one line per failing thread",
+        ("Assertion `",),
+        re.compile(r"(?P<file>[\w./\-]+\.cuh?):(?P<line>\d+): (?P<kernel>[^:\s][^:]*?): block: \[\d+,\d+,\d+\], "
+                   r"thread: \[\d+,\d+,\d+\] Assertion `(?P<check>[^`]*)` failed\."),
+        _device_assert, "CUDA device-side assertion", ("https://github.com/sgl-project/sglang/issues/7139",),
+        window=2000),
+    Shape(
+        "nccl-warn", "NCCL's own WARN line, also behind a launcher's bracketed time",
+        (" WARN ",),
+        re.compile(r"^(?:\[[\d\-:.,T Z]+\] )?\S+:\d+:\d+ \[\d+\] (?:[\w./]+:\d+ )?(?:NCCL )?WARN (?P<msg>\S.*)"),
+        _message_as("NCCL WARN"), "NCCL WARN line", ("https://github.com/NVIDIA/nccl-tests/issues/15",),
+        anchored=True),
+    Shape(
+        "ucx-error", "UCX's error line (NIXL, LMCache, Mooncake transports)",
+        ("UCX",),
+        re.compile(r"(?P<src>[\w.]+\.c):(?P<line>\d+) +UCX +ERROR +(?P<msg>\S.*)"),
+        _ucx, "UCX error line", ("https://github.com/LMCache/LMCache/issues/725",), window=400),
+    Shape(
+        "glog-check-failed", "a C++ CHECK that failed (glog or Ray's logger, severity F or C): the process aborts",
+        ("Check failed: ",),
+        re.compile(r"(?:\[\d{4}-\d\d-\d\d [\d:,.]+ [CF] \d+ \d+\] |\b[CF]\d{4} [\d:.]+ +\d+ )"
+                   r"(?:\([\w-]+\) )?(?P<src>[\w.]+\.(?:cc|cpp|h|hpp)):(?P<line>\d+)\]?: +Check failed: (?P<msg>\S.*)"),
+        _check_failed, "C++ check failure line", ("https://github.com/ray-project/ray/pull/26007",), window=400),
+    Shape(
+        "ray-core-error", "Ray's C++ core at level E with a Status in it, or at level F",
+        (".cc:",),
+        re.compile(r"\[\d{4}-\d\d-\d\d [\d:,.]+ (?P<lvl>[EF]) \d+ \d+\] (?P<src>[\w.]+\.cc):(?P<line>\d+): "
+                   r"(?P<msg>.*)"),
+        _ray_core, "Ray core error line", ("https://github.com/vllm-project/vllm/issues/5495",), anchored=True),
+    Shape(
+        "onnxruntime-cuda-failure", "onnxruntime's CUDA call check",
+        ("CUDA failure ",),
+        re.compile(r"CUDA failure (?P<code>\d+): (?P<msg>[^;]*?) ; GPU=[^;]*;(?: hostname=[^;]*;)? "
+                   r"file=(?P<file>[^;]+?) ; line=(?P<line>\d+)"),
+        _ort_cuda, "onnxruntime CUDA check", ("https://github.com/C0untFloyd/roop-unleashed/issues/465",),
+        window=2000),
+    Shape(
+        "ray-node-dead", "Ray's GCS gives up on a node: every actor on it is gone",
+        ("marked dead because",),
+        re.compile(r"The node with node id: (?P<node>\w+).*? has been marked dead because (?P<why>[^.]*)"),
+        _node_dead, "Ray node marked dead", ("https://github.com/ray-project/ray/issues/45179",), window=600),
+    Shape(
+        "ray-memory-monitor-kill", "Ray's memory monitor killed a worker: prose, no exception class",
+        ("Ray killed this worker",),
+        re.compile(r"Memory on the node \(IP: [^,)]*[^)]*\) where the task \([^)]*\) was running was "
+                   r"[\d.]+\w*B? ?/ ?[\d.]+\w*B? \([\d.]+\), which exceeds the memory usage threshold of [\d.]+\. "
+                   r"Ray killed this worker \(ID: \w+\)"),
+        _memory_monitor, "Ray memory monitor's kill notice", ("https://github.com/verl-project/verl/issues/1684",)),
+    Shape(
+        "watchdog-died", "a process-group watchdog that died of an error, not a timeout",
+        ("watchdog thread terminated",),
+        re.compile(r"Process group watchdog thread terminated with exception: (?P<msg>\S.*)"),
+        _watchdog_died, "process-group watchdog died of an error",
+        ("https://github.com/NVIDIA/Megatron-LM/issues/935",)),
+    Shape(
+        "usage-error", "a command line refused by argparse: its usage, then PROG: error: ...",
+        (": error: ",),
+        re.compile(r"^(?P<prog>[\w.\- ]{1,60}): error: (?P<msg>\S.*)"),
+        _usage, "command-line usage error", ("https://github.com/huggingface/trl/issues/3139",),
+        anchored=True, after="usage: "),
+    Shape(
+        "rocm-blas-error", "ROCm's BLAS libraries' error line: no GEMM can run after it",
+        ("las error", "LAS error", "laslt error", "LASLt error", "LASLT error"),
+        re.compile(r"(?P<lib>roc[Bb][Ll][Aa][Ss](?:[Ll][Tt])?|hip[Bb][Ll][Aa][Ss](?:[Ll][Tt])?) error: (?P<msg>\S.*)"),
+        _library, "native library error line (no Python exception)",
+        ("https://github.com/pytorch/pytorch/issues/137695",), window=400),
+)
+
+# One regular expression of every row's triggers: the decoder's whole test of whether a line may be one.
+GATE = re.compile("|".join(sorted({re.escape(t) for shape in SHAPES for t in shape.triggers}, key=len,
+                                  reverse=True)))
+# Line starts a lane's shapes wait for (``after``): the decoder notes where each was last seen.
+MARKERS: tuple[str, ...] = tuple(sorted({shape.after for shape in SHAPES if shape.after}))
+
+
+def may_be_shape(msg: str) -> bool:
+    """Cheap test, made from the rows: could this line be one of them?"""
+    return GATE.search(msg) is not None
+
+
+def line_failures(
+    msg: str, lane: str, line_no: int, level: Optional[str], time: Optional[str], source: Optional[str],
+    pid: Optional[int], lane_rank: Optional[int], seen: Optional[dict[str, int]] = None,
+) -> list[TracebackEvent]:
+    """The failures one line says, by the first row that reads it. ``seen``: the line numbers where this lane
+    last printed each of :data:`MARKERS`."""
+    if GATE.search(msg) is None:
+        return []
+    for shape in SHAPES:
+        if not any(trigger in msg for trigger in shape.triggers):
+            continue
+        if shape.after is not None:
+            at = (seen or {}).get(shape.after)
+            if at is None or line_no - at > shape.after_within:
+                continue
+        out = []
+        for found in shape.matches(msg):
+            reading = shape.read(found, msg)
+            if reading is None:
+                continue
+            # Ranks aborting together write into one another's lines: a report that names its rank is that rank's.
+            origin = (f"rank{reading.rank}" if reading.rank is not None and int(reading.rank) != lane_rank
+                      else None)
+            frames = (reading.frame,) if reading.frame is not None else ()
+            out.append(TracebackEvent(
+                lane=lane, kind=shape.kind, exceptions=(ExceptionRecord(reading.exc_type, reading.message, frames),),
+                line_no=line_no, level=level, time=time, source=source, origin=origin,
+                text=msg.strip(), pid=pid, signal=reading.signal,
+                confidence=LIKELY, basis=shape.basis,
+            ))
+        if out:
+            return out
+    return []
+
+
+_SEQ = re.compile(r"SeqNum=(?P<seq>\d+)")
+_OP = re.compile(r"OpType=(?P<op>\w+)")
+
+
+def watchdog_key(message: str) -> Optional[tuple[str, str]]:
+    """``(OpType, SeqNum)`` of the collective a watchdog report names: the same timeout seen by every rank."""
+    flat = message.replace("\n", "")
+    op = _OP.search(flat)
+    if op is None:
+        return None
+    seq = _SEQ.search(flat)
+    return (op.group("op"), seq.group("seq") if seq else "?")
