@@ -14,13 +14,16 @@ from pathlib import Path
 import pytest
 
 from eaglewatch.decode import decode_bytes
-from eaglewatch.decode.lineshapes import GATE, MARKERS, SHAPES, Shape
+from eaglewatch.decode.lineshapes import GATE, MARKERS, REPORTS, SHAPES, ReportShape, Shape
 
 SHAPES_DIR = Path(__file__).parent / "fixtures" / "shapes"
 DOCS = Path(__file__).parent.parent / "docs" / "decode.md"
 
 
-def decoded(shape: Shape) -> dict[str, object]:
+ALL = (*SHAPES, *REPORTS)
+
+
+def decoded(shape: Shape | ReportShape) -> dict[str, object]:
     _, state = decode_bytes((SHAPES_DIR / f"{shape.name}.log").read_bytes())
     failures = state.failures_ranked()
     assert failures, f"{shape.name}: its example decodes to no failure"
@@ -29,8 +32,8 @@ def decoded(shape: Shape) -> dict[str, object]:
             "signal": root.first.signal, "basis": root.basis}
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=[shape.name for shape in SHAPES])
-def test_each_row_reads_its_own_example(shape: Shape, request: pytest.FixtureRequest) -> None:
+@pytest.mark.parametrize("shape", ALL, ids=[shape.name for shape in ALL])
+def test_each_row_reads_its_own_example(shape: Shape | ReportShape, request: pytest.FixtureRequest) -> None:
     got = decoded(shape)
     assert got["basis"] == shape.basis, f"{shape.name}'s example was read by another shape: {got}"
     golden = SHAPES_DIR / f"{shape.name}.golden.json"
@@ -41,7 +44,7 @@ def test_each_row_reads_its_own_example(shape: Shape, request: pytest.FixtureReq
 
 
 def test_rows_are_whole_and_their_files_are_all_there() -> None:
-    names = [shape.name for shape in SHAPES]
+    names = [shape.name for shape in ALL]
     assert len(set(names)) == len(names)
     assert {f"{name}.log" for name in names} == {p.name for p in SHAPES_DIR.glob("*.log")}
     assert {f"{name}.golden.json" for name in names} == {p.name for p in SHAPES_DIR.glob("*.golden.json")}
@@ -59,8 +62,8 @@ def test_the_docs_table_lists_every_row() -> None:
     text = DOCS.read_text(encoding="utf-8")
     table = text[text.index("<!-- shapes table -->"):text.index("<!-- end of shapes table -->")]
     rows = [line for line in table.splitlines() if line.startswith("| `")]
-    assert [row.split("`")[1] for row in rows] == [shape.name for shape in SHAPES]
-    for shape, row in zip(SHAPES, rows):
+    assert [row.split("`")[1] for row in rows] == [shape.name for shape in ALL]
+    for shape, row in zip(ALL, rows):
         assert shape.summary in row and shape.examples[0] in row, shape.name
 
 

@@ -39,6 +39,8 @@ from eaglewatch.decode.header import LEVELS, VLLM_HEADER, parse_header
 from eaglewatch.decode.lanes import MAIN, LaneId, PrefixParser, lane_from_prefix, split_prefix
 from eaglewatch.decode.lines import LineSplitter
 from eaglewatch.decode.lineshapes import MARKERS, line_failures, may_be_shape
+from eaglewatch.decode.stackdump import StackDumpReader
+from eaglewatch.decode.stackdump import may_start as may_start_dump
 from eaglewatch.decode.state import DecodeState, LaneState, lane_key
 from eaglewatch.decode.traceback import BASIS_JOINED, TracebackAssembler, may_start, starts_block
 
@@ -132,7 +134,7 @@ def clean_message(msg: str) -> str:
 class _Proc:
     """What the decoder keeps per process besides the state: its assembler and its previous line."""
 
-    __slots__ = ("lane", "asm", "prev_msg", "prev_record", "run_first", "seen")
+    __slots__ = ("lane", "asm", "prev_msg", "prev_record", "run_first", "seen", "stack")
 
     def __init__(self, lane: LaneState) -> None:
         self.lane = lane
@@ -144,6 +146,7 @@ class _Proc:
         self.run_first: Optional[str] = None
         # Where this lane last printed each line start a one-line shape waits for (lineshapes.MARKERS).
         self.seen: dict[str, int] = {}
+        self.stack: Optional[StackDumpReader] = None  # a stack dump being read (stackdump.py)
 
     @property
     def rank(self) -> Optional[int]:
@@ -205,6 +208,8 @@ class Decoder:
             for proc in self._procs.values():
                 if proc.asm is not None and proc.asm.active:
                     self._add_failures(proc.asm.flush(), proc, out, resolves=True)
+                if proc.stack is not None and proc.stack.active:
+                    self._add_failures(proc.stack.flush(), proc, out)
         if not self.emit_lines:
             out = [event for event in out if type(event) is not LineEvent]
         return out
@@ -409,6 +414,14 @@ class Decoder:
         redirect = self._redirect
         if redirect is not None and redirect[0] is proc:
             consumed = self._redirected(redirect[1], msg, level, time, source, out)
+        stack = proc.stack
+        if not consumed and ((stack is not None and stack.active)
+                             or ((asm is None or not asm.state) and msg and may_start_dump(msg))):
+            if stack is None:
+                stack = proc.stack = StackDumpReader(name, proc.lane.pid)
+            consumed, dumped = stack.feed(msg, self._line_no)
+            if dumped:
+                self._add_failures(dumped, proc, out)
         if consumed:
             pass
         elif asm is not None and asm.state:

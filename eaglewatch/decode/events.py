@@ -122,6 +122,7 @@ KIND_DEATH = "death"  # a line saying a process died or was killed, with no trac
 KIND_WATCHDOG = "watchdog"  # an NCCL watchdog's collective timeout (a log line, or the C++ abort that carries it)
 KIND_NATIVE = "native"  # a fatal line from native code with no Python exception ("CUDA Error: ... at x.cpp:56")
 KIND_CHECK = "check"  # eaglewatch's own preflight reporting a failed check
+KIND_STACK = "stack"  # a stack dump of a live process (py-spy, faulthandler): where it is stuck, no exception
 
 # How sure the decoder is of a failure it reports (see docs/decode.md, "Confidence").
 CERTAIN = "certain"  # a whole report: a complete traceback, a faulthandler dump, a C++ abort, a death notice

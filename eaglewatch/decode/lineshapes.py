@@ -30,6 +30,7 @@ from eaglewatch.decode.events import (
 )
 from eaglewatch.decode.exclass import class_from_message
 from eaglewatch.decode.frames import frame_kind
+from eaglewatch.decode.stackdump import BASIS_STACK_DUMP
 
 WATCHDOG_TYPE = "NCCL watchdog timeout"
 NATIVE_CUDA_TYPE = "CUDA Error"
@@ -49,6 +50,7 @@ class Reading(NamedTuple):
     frame: Optional[Frame] = None
     signal: Optional[str] = None
     rank: Optional[str] = None
+    time: Optional[str] = None  # the line's own timestamp, where no logger header gave one
 
 
 @dataclass(frozen=True)
@@ -134,7 +136,9 @@ def _ray_core(found: re.Match[str], msg: str) -> Optional[Reading]:
 
 
 def _check_failed(found: re.Match[str], msg: str) -> Reading:
-    return Reading(CHECK_FAILED, found.group("msg").strip(), _frame(found.group("src"), found.group("line")))
+    stamp = found.group("ts") or f"{found.group('gd')} {found.group('gt')}"
+    return Reading(CHECK_FAILED, found.group("msg").strip(), _frame(found.group("src"), found.group("line")),
+                   time=stamp)
 
 
 def _ort_cuda(found: re.Match[str], msg: str) -> Reading:
@@ -225,7 +229,7 @@ SHAPES: tuple[Shape, ...] = (
     Shape(
         "glog-check-failed", "a C++ CHECK that failed (glog or Ray's logger, severity F or C): the process aborts",
         ("Check failed: ",),
-        re.compile(r"(?:\[\d{4}-\d\d-\d\d [\d:,.]+ [CF] \d+ \d+\] |\b[CF]\d{4} [\d:.]+ +\d+ )"
+        re.compile(r"(?:\[(?P<ts>\d{4}-\d\d-\d\d [\d:,.]+) [CF] \d+ \d+\] |\b[CF](?P<gd>\d{4}) (?P<gt>[\d:.]+) +\d+ )"
                    r"(?:\([\w-]+\) )?(?P<src>[\w.]+\.(?:cc|cpp|h|hpp)):(?P<line>\d+)\]?: +Check failed: (?P<msg>\S.*)"),
         _check_failed, "C++ check failure line", ("https://github.com/ray-project/ray/pull/26007",), window=400),
     Shape(
@@ -273,6 +277,27 @@ SHAPES: tuple[Shape, ...] = (
         ("https://github.com/pytorch/pytorch/issues/137695",), window=400),
 )
 
+
+
+@dataclass(frozen=True)
+class ReportShape:
+    """A shape that spans lines and has a reader of its own (``reader``: its module); listed here so that the
+    catalogue, its example files and the docs' table are one list."""
+
+    name: str
+    summary: str
+    reader: str
+    basis: str
+    examples: tuple[str, ...]
+
+
+REPORTS: tuple[ReportShape, ...] = (
+    ReportShape("stack-dump-faulthandler", "a hung process's stack in faulthandler's form, no exception: where it is "
+                "stuck", "stackdump", BASIS_STACK_DUMP, ("https://github.com/vllm-project/vllm/issues/2731",)),
+    ReportShape("stack-dump-py-spy", "py-spy dump of a live process: each thread's stack, the one that matters "
+                "named", "stackdump", BASIS_STACK_DUMP, ("https://github.com/vllm-project/vllm/issues/50835",)),
+)
+
 # One regular expression of every row's triggers: the decoder's whole test of whether a line may be one.
 GATE = re.compile("|".join(sorted({re.escape(t) for shape in SHAPES for t in shape.triggers}, key=len,
                                   reverse=True)))
@@ -311,7 +336,7 @@ def line_failures(
             frames = (reading.frame,) if reading.frame is not None else ()
             out.append(TracebackEvent(
                 lane=lane, kind=shape.kind, exceptions=(ExceptionRecord(reading.exc_type, reading.message, frames),),
-                line_no=line_no, level=level, time=time, source=source, origin=origin,
+                line_no=line_no, level=level, time=reading.time or time, source=source, origin=origin,
                 text=msg.strip(), pid=pid, signal=reading.signal,
                 confidence=LIKELY, basis=shape.basis,
             ))

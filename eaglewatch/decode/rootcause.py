@@ -36,6 +36,7 @@ from eaglewatch.decode.events import (
     KIND_DEATH,
     KIND_FATAL,
     KIND_NATIVE,
+    KIND_STACK,
     KIND_TRACEBACK,
     KIND_WATCHDOG,
     LIKELY,
@@ -48,6 +49,7 @@ from eaglewatch.decode.events import (
 from eaglewatch.decode.exclass import class_from_message
 from eaglewatch.decode.hints import Hint, classify
 from eaglewatch.decode.lanes import KIND_WORKER, MAIN_LANE, compress_names
+from eaglewatch.decode.stamps import time_key
 from eaglewatch.decode.lineshapes import watchdog_key
 from eaglewatch.decode.traceback import (
     BASIS_BANNER,
@@ -85,7 +87,7 @@ _PROPAGATED_TYPES = frozenset({"ChildFailedError", "RayTaskError", "RayActorErro
 _SPAWN_CHILD = "terminated with the following error:"
 _SECONDARY_TYPES = frozenset(
     {"KeyboardInterrupt", "SystemExit", "BrokenPipeError", "ConnectionResetError", "ConnectionAbortedError",
-     "EOFError", "CancelledError", "ContextTerminated", "GeneratorExit", "ThreadDump", "ActorDiedError",
+     "EOFError", "CancelledError", "ContextTerminated", "GeneratorExit", "ActorDiedError",
      "ActorUnavailableError", "PreflightWarning"}
 )
 # An exception that only says another process died: a consequence whenever the log holds the cause.
@@ -150,6 +152,8 @@ def _native(failure: Failure) -> bool:
 
 
 def failure_tier(failure: Failure) -> int:
+    if failure.kind == KIND_STACK:
+        return TIER_SECONDARY  # where a live process was: the root cause only when nothing failed
     if failure.kind == KIND_DEATH:
         # Killed for memory from outside, or crashed in native code: a cause, unless an exception came first.
         if getattr(failure, "oom", False) or failure.signal in _CRASH_SIGNALS:
@@ -492,6 +496,37 @@ def _confidence(group: FailureGroup) -> tuple[str, str]:
     return confidence, basis
 
 
+def _came_before(first: FailureGroup, second: FailureGroup) -> bool:
+    """Whether ``first`` happened before ``second``: by their times when both lines carry one (processes print
+    through their own buffers, out of order), else by where they are in the log."""
+    one, two = time_key(getattr(first.first, "time", None)), time_key(getattr(second.first, "time", None))
+    if one is not None and two is not None and one != two:
+        return one < two
+    return first.line_no < second.line_no
+
+
+def _in_time_order(groups: list[FailureGroup], later_rank: Mapping[int, int]) -> list[FailureGroup]:
+    """Within a tier, failures whose lines all carry their times in order of those times: processes print
+    through their own buffers, and the consequence can reach the log before its cause (a peer's glog ``Check
+    failed`` stamped earlier than the worker's death it caused). Where any of them has no time, the log's order
+    stands."""
+    out: list[FailureGroup] = []
+    start = 0
+    while start < len(groups):
+        end = start
+        band = (groups[start].tier, later_rank.get(id(groups[start]), 0))
+        while end < len(groups) and (groups[end].tier, later_rank.get(id(groups[end]), 0)) == band:
+            end += 1
+        members = groups[start:end]
+        keys = [time_key(getattr(g.first, "time", None)) for g in members]
+        if len(members) > 1 and all(key is not None for key in keys):
+            order = sorted(range(len(members)), key=lambda i: (keys[i], members[i].line_no))
+            members = [members[i] for i in order]
+        out.extend(members)
+        start = end
+    return out
+
+
 def rank(
     groups: list[FailureGroup],
     facts: Optional[Mapping[str, object]] = None,
@@ -554,7 +589,7 @@ def rank(
             if native and kind != KIND_DEATH and any(_reports_again(group, p) for p in others):
                 group.tier = TIER_PROPAGATED  # the abort or watchdog of the process that raised it
                 continue
-            if native and kind != KIND_WATCHDOG and any(p.line_no < group.line_no for p in others):
+            if native and kind != KIND_WATCHDOG and any(_came_before(p, group) for p in others):
                 group.tier = TIER_SECONDARY  # after the exception: the process going down
                 continue
             if watchdog:
@@ -586,6 +621,7 @@ def rank(
     # it may well be the named process's own last words.
     stray_dump = any(g.first.kind in (KIND_FATAL, KIND_ABORT) and g.first.lane == MAIN_LANE for g in originals)
     result = sorted(ordered, key=lambda g: (g.tier, later_rank.get(id(g), 0), g.line_no))
+    result = _in_time_order(result, later_rank)
     for group in result:
         flags: set[str] = set()
         if group.first.kind == KIND_DEATH:

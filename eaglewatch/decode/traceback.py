@@ -58,7 +58,7 @@ ABORT_START = "terminate called "
 DEBUGGER_START = "Exception has occurred: "
 
 # A line that may begin a traceback-like block (checked with str.startswith before anything else).
-TRIGGERS = (TB_START, FATAL_START, ABORT_START, "  + " + EG_MARK, "+ " + EG_MARK, EG_MARK, "Current thread 0x")
+TRIGGERS = (TB_START, FATAL_START, ABORT_START, "  + " + EG_MARK, "+ " + EG_MARK, EG_MARK)
 
 BASIS_COMPLETE = "complete traceback"
 BASIS_FRAGMENT = "from a fragment (no Traceback header)"
@@ -474,19 +474,14 @@ class TracebackAssembler:
             self.cur = _Exc(None)
             self.state = _GROUP
             self.group_lines = [msg]
-        elif msg.startswith(FATAL_START) or (msg.startswith("Current thread 0x") and _THREAD_HEAD.match(msg)):
+        elif msg.startswith(FATAL_START):
+            # (A dump without a fatal error, faulthandler.dump_traceback's, is a stack dump: stackdump.py.)
             self._begin(level, time, source, line_no, prev_msg, prev_record)
             self.kind = KIND_FATAL
             self.basis = BASIS_FAULTHANDLER
             self.cur = _Exc(None)
-            if msg.startswith(FATAL_START):
-                self.cur.exc_type = "Fatal Python error"
-                self.cur.msg_lines = [msg[len(FATAL_START):]]
-            else:
-                # A dump without a fatal error (faulthandler.dump_traceback, a watchdog): diagnostic only.
-                self.cur.exc_type = "ThreadDump"
-                self.cur.msg_lines = ["stacks dumped by faulthandler"]
-                self.survived = True
+            self.cur.exc_type = "Fatal Python error"
+            self.cur.msg_lines = [msg[len(FATAL_START):]]
             self.state = _FATAL
             self._fatal_line(msg)
             self.provisional_due = True
