@@ -73,3 +73,16 @@ def test_a_usage_error_needs_its_usage_line() -> None:
     assert not state.failures_ranked()
     _, state = decode_bytes(b"usage: trl\n" + b"noise\n" * 50 + alone)
     assert not state.failures_ranked()  # too far from its usage line
+
+
+def test_the_start_gate_is_made_of_the_start_rules() -> None:
+    from eaglewatch.decode.traceback import EXCEPTION_SUFFIXES, START_GATE, START_RULES, TracebackAssembler, may_start
+
+    for rule in START_RULES:
+        assert callable(getattr(TracebackAssembler, rule.reader)), rule.name
+        for trigger in rule.triggers:
+            assert START_GATE.search(f"x {trigger} y"), (rule.name, trigger)
+            assert may_start(f"x {trigger} y", "ERROR")
+    # The exception line's triggers are the class-name endings its pattern accepts: one list for both.
+    assert set(EXCEPTION_SUFFIXES) <= set(START_RULES[-1].triggers)
+    assert not may_start("all good here", "ERROR")

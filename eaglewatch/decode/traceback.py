@@ -31,7 +31,7 @@ from __future__ import annotations
 import builtins
 import re
 import textwrap
-from typing import Optional
+from typing import Callable, NamedTuple, Optional
 
 from eaglewatch.decode.events import (
     CERTAIN,
@@ -78,8 +78,10 @@ _FILE = re.compile(r'\s*File "(?P<file>[^"]*)", line (?P<line>\d+|\?+)(?:,? in (
 _EXC = re.compile(r"(?P<type>[A-Za-z_][\w.]*(?:\([\w.]+\))?)(?:(?P<colon>:)(?: ?(?P<msg>.*))?)?$")
 # An exception line outside a traceback must name a class that looks like one.
 # A C++ class keeps its namespaces as printed: tensorrt_llm::common::TllmException.
+# The endings of a class name that says it is an exception (also the start rules' triggers for exception lines).
+EXCEPTION_SUFFIXES = ("Error", "Exception", "Exit", "Interrupt", "Iteration", "Failed", "Failure", "Timeout")
 _EXC_NAME = (r"(?:[A-Za-z_]\w*(?:\.|::))*"
-             r"(?:_?[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Iteration|Failed|Failure|Timeout)|Exception|BaseException)"
+             r"(?:_?[A-Z]\w*(?:" + "|".join(EXCEPTION_SUFFIXES) + r")|Exception|BaseException)"
              # any class of a module named for them: triton.runtime.errors.OutOfResources
              r"|(?:[a-z_]\w*\.)+(?:errors|exceptions)\.[A-Z]\w*")
 _BARE_AT_START = re.compile(r"(?P<type>" + _EXC_NAME + r"(?:\([\w.]+\))?)(?::(?: ?(?P<msg>.*))?$|$)")
@@ -172,37 +174,13 @@ def starts_block(msg: str) -> bool:
 
 
 def may_start(msg: str, level: Optional[str]) -> bool:
-    """Cheap test: could this line begin anything the assembler reads (a part of a report included)?"""
+    """Cheap test: could this line begin anything the assembler reads (a part of a report included)? Made from
+    START_RULES' triggers."""
     if starts_block(msg):
         return True
     if level in _QUIET_LEVELS:
         return TB_START in msg
-    return (
-        "Error" in msg
-        or "Exception" in msg
-        or 'File "' in msg
-        or "Traceback (most" in msg
-        or "terminate called" in msg
-        or "panicked at" in msg
-        or msg.startswith(_STATE_DICT)
-        or ".errors." in msg
-        or ".exceptions." in msg
-        or "ray::" in msg
-        or "Interrupt" in msg
-        or "Exit" in msg
-        or "Failed" in msg
-        or "Failure" in msg
-        or "Timeout" in msg
-        or "Iteration" in msg
-        or "[FAIL]" in msg
-        or "[warn]" in msg
-        or "FAILED" in msg
-        or " encountered !" in msg
-        or "*** SIG" in msg
-        or "Caught signal" in msg
-        or (msg[:1].islower() and "." in msg[:60] and ": " in msg)  # pyarrow.lib.PlasmaStoreFull: ...
-        or "][FILE:" in msg  # a line of CANN's error report
-    )
+    return START_GATE.search(msg) is not None or _lower_dotted(msg)
 
 
 def exception_line(text: str) -> Optional[tuple[str, str, bool]]:
@@ -460,152 +438,202 @@ class TracebackAssembler:
     # ------------------------------------------------------------------ starting
 
     def _maybe_start(self, msg, level, time, source, line_no, prev_msg, prev_record, out) -> None:
-        stripped = msg.lstrip()
-        first = msg[:1]
-        if msg.startswith(TB_START) or stripped.startswith(TB_START):
-            self._begin(level, time, source, line_no, prev_msg, prev_record)
-            self.cur = _Exc(None)
-            self.state = _FRAMES
-            self.started_by = "header"
-            if self.record_key is not None and prev_record == self.record_key and self.run_first:
-                self._logged_message(self.run_first)
-        elif EG_MARK in msg and stripped.lstrip("+ ").startswith(EG_MARK):
-            self._begin(level, time, source, line_no, prev_msg, prev_record)
-            self.cur = _Exc(None)
-            self.state = _GROUP
-            self.group_lines = [msg]
-        elif msg.startswith(FATAL_START):
-            # (A dump without a fatal error, faulthandler.dump_traceback's, is a stack dump: stackdump.py.)
-            self._begin(level, time, source, line_no, prev_msg, prev_record)
-            self.kind = KIND_FATAL
-            self.basis = BASIS_FAULTHANDLER
-            self.cur = _Exc(None)
-            self.cur.exc_type = "Fatal Python error"
-            self.cur.msg_lines = [msg[len(FATAL_START):]]
-            self.state = _FATAL
-            self._fatal_line(msg)
-            self.provisional_due = True
-        elif first == " " and stripped.startswith("File ") and ", in " not in msg and _FILE.match(msg):
-            # SyntaxError raised while compiling the main script: the report starts at the frame.
-            self._begin(level, time, source, line_no, prev_msg, prev_record)
-            self.cur = _Exc(None)
-            self.state = _FRAMES
-            self.started_by = "frame"
-            self.last_consumed = True
-            self.text.append(msg)
-            self.cur.add_frame(_frame_from(_FILE.match(msg)))  # type: ignore[arg-type]
-            self.after_frame = True
-            return
-        elif "panicked at" in msg and _PANIC.search(msg):
-            self._begin(level, time, source, line_no, prev_msg, prev_record)
-            self.kind = KIND_ABORT
-            self.basis = "Rust panic report"
-            self.cur = _Exc(None)
-            self.cur.exc_type = RUST_PANIC
-            rest = _PANIC.search(msg).group("rest").strip()  # type: ignore[union-attr]
-            self.cur.msg_lines = [rest]
-            if not rest.endswith(":"):
-                self.abort_seen.add("panic message")  # the old layout: the message is on this line
-            self.state = _ABORT
-            self.provisional_due = True
-        elif "terminate called" in msg and (msg.startswith(ABORT_START) or _ABORT_TYPE.search(msg)):
-            self._begin(level, time, source, line_no, prev_msg, prev_record)
-            self.kind = KIND_ABORT
-            self.basis = BASIS_ABORT
-            self.cur = _Exc(None)
-            found = _ABORT_TYPE.search(msg)
-            self.cur.exc_type = found.group("type") if found and found.group("type") else "std::terminate"
-            if not found:
-                self.cur.msg_lines = [msg.strip()]
-            self.state = _ABORT
-            self.provisional_due = True
-        elif not self._maybe_start_more(msg, stripped, level, time, source, line_no, prev_msg, prev_record):
-            return
-        self.last_consumed = True
-        self.text.append(msg)
+        """The first row of START_RULES whose trigger the line holds and whose reader begins a report."""
+        c = _Line(msg, msg.lstrip(), level, time, source, line_no, prev_msg, prev_record)
+        quiet = level in _QUIET_LEVELS
+        for rule in START_RULES:
+            if quiet and not rule.at_any_level:
+                break  # the rows after the first such one read failures, which INFO and DEBUG lines never are
+            if (any(trigger in msg for trigger in rule.triggers) or (rule.also is not None and rule.also(msg))) \
+                    and getattr(self, rule.reader)(c):
+                self.last_consumed = True
+                self.text.append(msg)
+                return
 
-    def _maybe_start_more(self, msg, stripped, level, time, source, line_no, prev_msg, prev_record) -> bool:
-        """The starts that are parts of reports, or reports of other shapes; True when one began."""
-        banner = _BANNER.search(msg) if ("encountered" in msg or "*** SIG" in msg or "Caught signal" in msg) else None
-        if banner is not None:
-            self._begin(level, time, source, line_no, prev_msg, prev_record)
-            self.kind = KIND_FATAL
-            self.basis = BASIS_BANNER
-            self.cur = _Exc(None)
-            what = banner.group("what") or banner.group("what2") or ""
-            self.signal = banner.group("sig") or _BANNER_SIGNALS.get(what.strip().split(":")[0])
-            if self.signal is None and banner.group("num"):
-                self.signal = _NUM_SIGNALS.get(banner.group("num"))
-            self.cur.exc_type = "Segmentation fault" if self.signal == "SIGSEGV" else "Fatal signal"
-            self.cur.msg_lines = [stripped.strip()]
-            self.state = _FATAL
-            self.provisional_due = True
-            return True
-        found = _is_frame(stripped) if 'File "' in msg else None
-        if found is not None:
-            self._begin(level, time, source, line_no, prev_msg, prev_record)
-            self.cur = _Exc(None)
-            self.cur.add_frame(_frame_from(found))
-            self.state = _FRAMES
-            self.started_by = "frame"
-            self.fragment = True
-            self.basis = BASIS_FRAGMENT
-            self.flat = msg[:1] not in (" ", "\t")
-            self.after_frame = True
-            return True
-        if msg.startswith(DEBUGGER_START):
-            parsed = exception_line(msg[len(DEBUGGER_START):].split("  ", 1)[0].strip())
-            if parsed is not None:
-                self._begin(level, time, source, line_no, prev_msg, prev_record)
-                self.cur = _Exc(None)
-                self.cur.exc_type = parsed[0]
-                self.state = _DEBUGGER
-                self.reverse = True
-                self.fragment = True
-                self.basis = BASIS_DEBUGGER
-                self.provisional_due = True
-                return True
-        if "[FAIL]" in msg or "[warn]" in msg or msg.startswith("preflight: FAILED"):
-            if self._start_check(msg, level, time, source, line_no, prev_msg, prev_record):
-                return True
-        cut = msg.find(TB_START[:-1])  # IPython prints it without the colon
-        if cut > 0:
-            # The message and the traceback on one logger line: "Worker failed: boom Traceback (most ...):"
-            self._begin(level, time, source, line_no, None, None)
-            head = msg[:cut].strip()
-            named = exception_line(head) if "   " in msg[:cut] else None
-            worker = _WORKER_METHOD.match(head)
-            if named is not None and not named[2]:
-                self.ipython = True  # "ValueError                 Traceback (most recent call last)"
-                self.pending_exc = (named[0], "")
-            elif worker is not None:
-                # vLLM's worker wrapper: "Exception in worker W while processing method M: <str(e)>, Traceback":
-                # the exception line that the traceback should end in, in case the log loses it.
-                self.context = head
-                quoted = worker.group("msg").strip()
-                self.pending_exc = (class_from_message(quoted) or "Exception", quoted)
-            elif head:
-                self.context = head
-            self.cur = _Exc(None)
-            self.state = _FRAMES
-            self.started_by = "header"
-            return True
-        if "ray::" in msg:
-            ray = _RAY_TASK.search(msg)
-            if ray is not None:
-                # Ray's task header stands where "Traceback (most recent call last):" would.
-                self._begin(level, time, source, line_no, prev_msg, prev_record)
-                self.context = msg.strip()
-                wrapper = exception_line(msg[:ray.start()].rstrip().rstrip(":").strip() + ":")
-                if wrapper is not None and msg[:ray.start()].rstrip().endswith(":"):
-                    self.pending_exc = (wrapper[0], msg[ray.start():].strip())
-                self.cur = _Exc(None)
-                self.state = _FRAMES
-                self.started_by = "header"
-                self.basis = BASIS_RAY
-                return True
-        if level in _QUIET_LEVELS:
+    def _start_header(self, c: "_Line") -> bool:
+        if not (c.msg.startswith(TB_START) or c.stripped.startswith(TB_START)):
             return False
+        self._begin(c.level, c.time, c.source, c.line_no, c.prev_msg, c.prev_record)
+        self.cur = _Exc(None)
+        self.state = _FRAMES
+        self.started_by = "header"
+        if self.record_key is not None and c.prev_record == self.record_key and self.run_first:
+            self._logged_message(self.run_first)
+        return True
+
+    def _start_group(self, c: "_Line") -> bool:
+        if not c.stripped.lstrip("+ ").startswith(EG_MARK):
+            return False
+        self._begin(c.level, c.time, c.source, c.line_no, c.prev_msg, c.prev_record)
+        self.cur = _Exc(None)
+        self.state = _GROUP
+        self.group_lines = [c.msg]
+        return True
+
+    def _start_fatal(self, c: "_Line") -> bool:
+        if not c.msg.startswith(FATAL_START):
+            return False
+        # (A dump without a fatal error, faulthandler.dump_traceback's, is a stack dump: stackdump.py.)
+        self._begin(c.level, c.time, c.source, c.line_no, c.prev_msg, c.prev_record)
+        self.kind = KIND_FATAL
+        self.basis = BASIS_FAULTHANDLER
+        self.cur = _Exc(None)
+        self.cur.exc_type = "Fatal Python error"
+        self.cur.msg_lines = [c.msg[len(FATAL_START):]]
+        self.state = _FATAL
+        self._fatal_line(c.msg)
+        self.provisional_due = True
+        return True
+
+    def _start_syntax_frame(self, c: "_Line") -> bool:
+        msg = c.msg
+        if not (msg[:1] == " " and c.stripped.startswith("File ") and ", in " not in msg):
+            return False
+        found = _FILE.match(msg)
+        if found is None:
+            return False
+        # SyntaxError raised while compiling the main script: the report starts at the frame.
+        self._begin(c.level, c.time, c.source, c.line_no, c.prev_msg, c.prev_record)
+        self.cur = _Exc(None)
+        self.state = _FRAMES
+        self.started_by = "frame"
+        self.cur.add_frame(_frame_from(found))
+        self.after_frame = True
+        return True
+
+    def _start_panic(self, c: "_Line") -> bool:
+        found = _PANIC.search(c.msg)
+        if found is None:
+            return False
+        self._begin(c.level, c.time, c.source, c.line_no, c.prev_msg, c.prev_record)
+        self.kind = KIND_ABORT
+        self.basis = "Rust panic report"
+        self.cur = _Exc(None)
+        self.cur.exc_type = RUST_PANIC
+        rest = found.group("rest").strip()
+        self.cur.msg_lines = [rest]
+        if not rest.endswith(":"):
+            self.abort_seen.add("panic message")  # the old layout: the message is on this line
+        self.state = _ABORT
+        self.provisional_due = True
+        return True
+
+    def _start_abort(self, c: "_Line") -> bool:
+        msg = c.msg
+        found = _ABORT_TYPE.search(msg)
+        if not (msg.startswith(ABORT_START) or found):
+            return False
+        self._begin(c.level, c.time, c.source, c.line_no, c.prev_msg, c.prev_record)
+        self.kind = KIND_ABORT
+        self.basis = BASIS_ABORT
+        self.cur = _Exc(None)
+        self.cur.exc_type = found.group("type") if found and found.group("type") else "std::terminate"
+        if not found:
+            self.cur.msg_lines = [msg.strip()]
+        self.state = _ABORT
+        self.provisional_due = True
+        return True
+
+    def _start_banner(self, c: "_Line") -> bool:
+        banner = _BANNER.search(c.msg)
+        if banner is None:
+            return False
+        self._begin(c.level, c.time, c.source, c.line_no, c.prev_msg, c.prev_record)
+        self.kind = KIND_FATAL
+        self.basis = BASIS_BANNER
+        self.cur = _Exc(None)
+        what = banner.group("what") or banner.group("what2") or ""
+        self.signal = banner.group("sig") or _BANNER_SIGNALS.get(what.strip().split(":")[0])
+        if self.signal is None and banner.group("num"):
+            self.signal = _NUM_SIGNALS.get(banner.group("num"))
+        self.cur.exc_type = "Segmentation fault" if self.signal == "SIGSEGV" else "Fatal signal"
+        self.cur.msg_lines = [c.stripped.strip()]
+        self.state = _FATAL
+        self.provisional_due = True
+        return True
+
+    def _start_fragment(self, c: "_Line") -> bool:
+        found = _is_frame(c.stripped)
+        if found is None:
+            return False
+        self._begin(c.level, c.time, c.source, c.line_no, c.prev_msg, c.prev_record)
+        self.cur = _Exc(None)
+        self.cur.add_frame(_frame_from(found))
+        self.state = _FRAMES
+        self.started_by = "frame"
+        self.fragment = True
+        self.basis = BASIS_FRAGMENT
+        self.flat = c.msg[:1] not in (" ", "\t")
+        self.after_frame = True
+        return True
+
+    def _start_debugger(self, c: "_Line") -> bool:
+        msg = c.msg
+        if not msg.startswith(DEBUGGER_START):
+            return False
+        parsed = exception_line(msg[len(DEBUGGER_START):].split("  ", 1)[0].strip())
+        if parsed is None:
+            return False
+        self._begin(c.level, c.time, c.source, c.line_no, c.prev_msg, c.prev_record)
+        self.cur = _Exc(None)
+        self.cur.exc_type = parsed[0]
+        self.state = _DEBUGGER
+        self.reverse = True
+        self.fragment = True
+        self.basis = BASIS_DEBUGGER
+        self.provisional_due = True
+        return True
+
+    def _start_check_line(self, c: "_Line") -> bool:
+        return self._start_check(c.msg, c.level, c.time, c.source, c.line_no, c.prev_msg, c.prev_record)
+
+    def _start_inline_header(self, c: "_Line") -> bool:
+        msg = c.msg
+        cut = msg.find(TB_START[:-1])  # IPython prints it without the colon
+        if cut <= 0:
+            return False
+        # The message and the traceback on one logger line: "Worker failed: boom Traceback (most ...):"
+        self._begin(c.level, c.time, c.source, c.line_no, None, None)
+        head = msg[:cut].strip()
+        named = exception_line(head) if "   " in msg[:cut] else None
+        worker = _WORKER_METHOD.match(head)
+        if named is not None and not named[2]:
+            self.ipython = True  # "ValueError                 Traceback (most recent call last)"
+            self.pending_exc = (named[0], "")
+        elif worker is not None:
+            # vLLM's worker wrapper: "Exception in worker W while processing method M: <str(e)>, Traceback":
+            # the exception line that the traceback should end in, in case the log loses it.
+            self.context = head
+            quoted = worker.group("msg").strip()
+            self.pending_exc = (class_from_message(quoted) or "Exception", quoted)
+        elif head:
+            self.context = head
+        self.cur = _Exc(None)
+        self.state = _FRAMES
+        self.started_by = "header"
+        return True
+
+    def _start_ray_task(self, c: "_Line") -> bool:
+        msg = c.msg
+        ray = _RAY_TASK.search(msg)
+        if ray is None:
+            return False
+        # Ray's task header stands where "Traceback (most recent call last):" would.
+        self._begin(c.level, c.time, c.source, c.line_no, c.prev_msg, c.prev_record)
+        self.context = msg.strip()
+        wrapper = exception_line(msg[:ray.start()].rstrip().rstrip(":").strip() + ":")
+        if wrapper is not None and msg[:ray.start()].rstrip().endswith(":"):
+            self.pending_exc = (wrapper[0], msg[ray.start():].strip())
+        self.cur = _Exc(None)
+        self.state = _FRAMES
+        self.started_by = "header"
+        self.basis = BASIS_RAY
+        return True
+
+    def _start_bare(self, c: "_Line") -> bool:
+        """An exception line with no traceback around it, in its many pasted forms."""
+        msg, level, line_no, prev_msg, prev_record = c.msg, c.level, c.line_no, c.prev_msg, c.prev_record
+        time, source = c.time, c.source
         bare = bare_exception(msg)
         if bare is None and msg.startswith(_STATE_DICT):
             # torch's load_state_dict raises a RuntimeError whose str() is this; printed alone it has no class.
@@ -642,13 +670,13 @@ class TracebackAssembler:
         if bare is None:
             return False
         exc_type, message, colon, start = bare
-        after_statement = bool(prev_msg) and prev_msg.lstrip().startswith(("assert ", "raise "))
+        after_statement = prev_msg is not None and prev_msg.lstrip().startswith(("assert ", "raise "))
         if not colon and not self.prev_indented and not after_statement:
             # "SomethingError" alone on a line, with nothing around it that says traceback (a frame's source
             # line above it, "assert x >= y" pasted without its indent, does).
             return False
         self._begin(level, time, source, line_no, prev_msg, prev_record)
-        if after_statement and not colon:
+        if after_statement and not colon and prev_msg is not None:
             self.text.append(prev_msg)  # the statement that failed is all there is of where
         self.cur = _Exc(None)
         self.cur.exc_type = exc_type
@@ -1255,3 +1283,54 @@ def _is_group(record: ExceptionRecord) -> bool:
     return record.short_type in ("ExceptionGroup", "BaseExceptionGroup") or bool(
         re.search(r"\(\d+ sub-exceptions?\)$", record.message)
     )
+
+
+class _Line(NamedTuple):
+    """One line as the start rules read it."""
+
+    msg: str
+    stripped: str
+    level: Optional[str]
+    time: Optional[str]
+    source: Optional[str]
+    line_no: int
+    prev_msg: Optional[str]
+    prev_record: Optional[tuple[Optional[str], Optional[str], Optional[str]]]
+
+
+class StartRule(NamedTuple):
+    """A way a report begins: the line holds one of ``triggers`` (or ``also`` says so), and the assembler's
+    ``reader`` method, given the line, begins it (True) or finds it is not one after all."""
+
+    name: str
+    triggers: tuple[str, ...]
+    reader: str
+    at_any_level: bool = True  # False: a failure's start, which an INFO or DEBUG line never is
+    also: Optional[Callable[[str], bool]] = None
+
+
+def _lower_dotted(msg: str) -> bool:
+    """A lowercase dotted class (pyarrow.lib.PlasmaStoreFull: ...) or a class name cut at the log's start."""
+    return msg[:1].islower() and "." in msg[:60] and ": " in msg
+
+
+# In order: the first rule whose reader begins a report wins. Every trigger goes into START_GATE, the decoder's
+# cheap test of whether a line may start one, so a rule cannot be forgotten there.
+START_RULES: tuple[StartRule, ...] = (
+    StartRule("traceback header", (TB_START,), "_start_header"),
+    StartRule("exception group", (EG_MARK,), "_start_group"),
+    StartRule("fatal Python error", (FATAL_START,), "_start_fatal"),
+    StartRule("syntax error's frame", ('File "',), "_start_syntax_frame"),
+    StartRule("Rust panic", ("panicked at",), "_start_panic"),
+    StartRule("C++ abort", ("terminate called",), "_start_abort"),
+    StartRule("fatal-signal banner", ("encountered", "*** SIG", "Caught signal"), "_start_banner"),
+    StartRule("frame without a header", ('File "',), "_start_fragment"),
+    StartRule("debugger's report", (DEBUGGER_START,), "_start_debugger"),
+    StartRule("preflight check", ("[FAIL]", "[warn]", "preflight: FAILED"), "_start_check_line"),
+    StartRule("header after a message", (TB_START[:-1],), "_start_inline_header"),
+    StartRule("Ray task header", ("ray::",), "_start_ray_task"),
+    StartRule("exception line", (*EXCEPTION_SUFFIXES, ".errors.", ".exceptions.", _STATE_DICT, "][FILE:"),
+              "_start_bare", at_any_level=False, also=_lower_dotted),
+)
+START_GATE = re.compile("|".join(sorted({re.escape(t) for rule in START_RULES for t in rule.triggers}, key=len,
+                                        reverse=True)))
