@@ -38,7 +38,7 @@ from eaglewatch.decode.events import Event, LineEvent, ProvisionalFailure
 from eaglewatch.decode.header import LEVELS, VLLM_HEADER, parse_header
 from eaglewatch.decode.lanes import MAIN, LaneId, PrefixParser, lane_from_prefix, split_prefix
 from eaglewatch.decode.lines import LineSplitter
-from eaglewatch.decode.lineshapes import MARKERS, line_failures, may_be_shape
+from eaglewatch.decode.lineshapes import MARKER_FIRST, MARKERS, line_failures, might_be_shape
 from eaglewatch.decode.stackdump import StackDumpReader
 from eaglewatch.decode.stackdump import may_start as may_start_dump
 from eaglewatch.decode.state import DecodeState, LaneState, lane_key
@@ -372,7 +372,7 @@ class Decoder:
         now: float,
     ) -> None:
         proc, name = hit
-        if msg.startswith(MARKERS):
+        if msg[:1] in MARKER_FIRST and msg.startswith(MARKERS):
             proc.seen[next(m for m in MARKERS if msg.startswith(m))] = self._line_no
         event = LineEvent(name, level, time, source, msg)
         out.append(event)
@@ -385,9 +385,9 @@ class Decoder:
                 and not (msg[0] in _BLOCK_FIRST and starts_block(msg))):
             # The common case, an INFO line outside any report: only a native line may hide in it (a
             # collector's INFO in front of a C++ CUDA check), and the engine's facts.
-            if may_be_shape(msg):
+            if might_be_shape(msg):  # an anchor only: the engine's facts line may hold one too
                 self._native_lines(proc, name, msg, level, time, source, out)
-            elif "LLM engine (v" in msg:
+            if "LLM engine (v" in msg:
                 self._engine_facts(msg)
             record: Optional[tuple[Optional[str], Optional[str], Optional[str]]] = (level, time, source)
             if record != proc.prev_record:
@@ -443,7 +443,7 @@ class Decoder:
                     elif asm.started_by == "frame" and self._orphan is not None:
                         self._join_orphan_header(proc, asm)
 
-        if not consumed and msg and may_be_shape(msg):
+        if not consumed and msg and might_be_shape(msg):
             self._native_lines(proc, name, msg, level, time, source, out)
         if level not in _QUIET_LEVELS:
             if not consumed and maybe_death(msg):

@@ -5,8 +5,8 @@ its ``pattern``, how the match becomes a failure (``read``), the decoder's ``bas
 come before it (``after``: a prefix, such as argparse's ``usage:``), and the public threads its example comes
 from. Rows are tried in order; the first that reads the line wins.
 
-Everything else is made from the rows: the gate that the decoder asks of every line (:data:`GATE`, one regular
-expression of all triggers, so a row's trigger cannot be forgotten in a filter), the markers it keeps per lane
+Everything else is made from the rows: the gate that the decoder asks of every line (:func:`may_be_shape`, made
+from all triggers by ``gate.py``, so a row's trigger cannot be forgotten in a filter), the markers it keeps per lane
 (:data:`MARKERS`), the example files' golden tests (``tests/test_decode_shapes.py``, examples in
 ``tests/fixtures/shapes/<name>.log``) and the shapes table of ``docs/decode.md``.
 
@@ -30,6 +30,7 @@ from eaglewatch.decode.events import (
 )
 from eaglewatch.decode.exclass import class_from_message
 from eaglewatch.decode.frames import frame_kind
+from eaglewatch.decode.gate import holds_any, make_gate
 from eaglewatch.decode.stackdump import BASIS_STACK_DUMP
 
 WATCHDOG_TYPE = "NCCL watchdog timeout"
@@ -298,16 +299,15 @@ REPORTS: tuple[ReportShape, ...] = (
                 "named", "stackdump", BASIS_STACK_DUMP, ("https://github.com/vllm-project/vllm/issues/50835",)),
 )
 
-# One regular expression of every row's triggers: the decoder's whole test of whether a line may be one.
-GATE = re.compile("|".join(sorted({re.escape(t) for shape in SHAPES for t in shape.triggers}, key=len,
-                                  reverse=True)))
+# The decoder's whole test of whether a line may be one of the rows, made from every row's triggers (gate.py).
+may_be_shape = make_gate(trigger for shape in SHAPES for trigger in shape.triggers)
+# Its first stage alone, for the decoder's busiest path (every INFO line): a line that fails it is no row's;
+# line_failures checks the rest.
+might_be_shape: Callable[[str], bool] = may_be_shape.any_anchor  # type: ignore[attr-defined]
 # Line starts a lane's shapes wait for (``after``): the decoder notes where each was last seen.
+_SHAPE_TESTS = tuple((shape, holds_any(shape.triggers)) for shape in SHAPES)
 MARKERS: tuple[str, ...] = tuple(sorted({shape.after for shape in SHAPES if shape.after}))
-
-
-def may_be_shape(msg: str) -> bool:
-    """Cheap test, made from the rows: could this line be one of them?"""
-    return GATE.search(msg) is not None
+MARKER_FIRST = frozenset(marker[0] for marker in MARKERS)  # so that most lines are passed over with one test
 
 
 def line_failures(
@@ -316,10 +316,10 @@ def line_failures(
 ) -> list[TracebackEvent]:
     """The failures one line says, by the first row that reads it. ``seen``: the line numbers where this lane
     last printed each of :data:`MARKERS`."""
-    if GATE.search(msg) is None:
+    if not may_be_shape(msg):
         return []
-    for shape in SHAPES:
-        if not any(trigger in msg for trigger in shape.triggers):
+    for shape, holds in _SHAPE_TESTS:
+        if not holds(msg):
             continue
         if shape.after is not None:
             at = (seen or {}).get(shape.after)

@@ -48,6 +48,7 @@ from eaglewatch.decode.events import (
 )
 from eaglewatch.decode.exclass import class_from_message
 from eaglewatch.decode.frames import frame_kind
+from eaglewatch.decode.gate import holds_any, make_gate
 
 TB_START = "Traceback (most recent call last):"
 EG_MARK = "Exception Group Traceback (most recent call last):"
@@ -180,7 +181,7 @@ def may_start(msg: str, level: Optional[str]) -> bool:
         return True
     if level in _QUIET_LEVELS:
         return TB_START in msg
-    return START_GATE.search(msg) is not None or _lower_dotted(msg)
+    return start_gate(msg) or _lower_dotted(msg)
 
 
 def exception_line(text: str) -> Optional[tuple[str, str, bool]]:
@@ -441,11 +442,10 @@ class TracebackAssembler:
         """The first row of START_RULES whose trigger the line holds and whose reader begins a report."""
         c = _Line(msg, msg.lstrip(), level, time, source, line_no, prev_msg, prev_record)
         quiet = level in _QUIET_LEVELS
-        for rule in START_RULES:
+        for rule, holds, reader in _START_TESTS:
             if quiet and not rule.at_any_level:
                 break  # the rows after the first such one read failures, which INFO and DEBUG lines never are
-            if (any(trigger in msg for trigger in rule.triggers) or (rule.also is not None and rule.also(msg))) \
-                    and getattr(self, rule.reader)(c):
+            if (holds(msg) or (rule.also is not None and rule.also(msg))) and reader(self, c):
                 self.last_consumed = True
                 self.text.append(msg)
                 return
@@ -1314,7 +1314,7 @@ def _lower_dotted(msg: str) -> bool:
     return msg[:1].islower() and "." in msg[:60] and ": " in msg
 
 
-# In order: the first rule whose reader begins a report wins. Every trigger goes into START_GATE, the decoder's
+# In order: the first rule whose reader begins a report wins. Every trigger goes into start_gate, the decoder's
 # cheap test of whether a line may start one, so a rule cannot be forgotten there.
 START_RULES: tuple[StartRule, ...] = (
     StartRule("traceback header", (TB_START,), "_start_header"),
@@ -1332,5 +1332,6 @@ START_RULES: tuple[StartRule, ...] = (
     StartRule("exception line", (*EXCEPTION_SUFFIXES, ".errors.", ".exceptions.", _STATE_DICT, "][FILE:"),
               "_start_bare", at_any_level=False, also=_lower_dotted),
 )
-START_GATE = re.compile("|".join(sorted({re.escape(t) for rule in START_RULES for t in rule.triggers}, key=len,
-                                        reverse=True)))
+start_gate = make_gate(trigger for rule in START_RULES for trigger in rule.triggers)
+# Each rule with its trigger test and its reader, looked up once.
+_START_TESTS = tuple((rule, holds_any(rule.triggers), getattr(TracebackAssembler, rule.reader)) for rule in START_RULES)
