@@ -40,6 +40,7 @@ from eaglewatch.decode.lanes import MAIN, LaneId, PrefixParser, lane_from_prefix
 from eaglewatch.decode.lines import LineSplitter
 from eaglewatch.decode.lineshapes import MARKER_FIRST, MARKERS, line_failures, might_be_shape
 from eaglewatch.decode.stackdump import StackDumpReader
+from eaglewatch.decode.stackdump import FIRST_CHARS as DUMP_FIRST_CHARS
 from eaglewatch.decode.stackdump import may_start as may_start_dump
 from eaglewatch.decode.state import DecodeState, LaneState, lane_key
 from eaglewatch.decode.traceback import BASIS_JOINED, TracebackAssembler, may_start, starts_block
@@ -416,7 +417,8 @@ class Decoder:
             consumed = self._redirected(redirect[1], msg, level, time, source, out)
         stack = proc.stack
         if not consumed and ((stack is not None and stack.active)
-                             or ((asm is None or not asm.state) and msg and may_start_dump(msg))):
+                             or (msg[:1] in DUMP_FIRST_CHARS and (asm is None or not asm.state)
+                                 and may_start_dump(msg))):
             if stack is None:
                 stack = proc.stack = StackDumpReader(name, proc.lane.pid)
             consumed, dumped = stack.feed(msg, self._line_no)

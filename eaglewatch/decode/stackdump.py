@@ -42,6 +42,9 @@ _WAITING = re.compile(r"(?:^|/)(?:zmq/sugar/\w+\.py|selectors\.py|threading\.py|
                       r"|asyncio/\w+\.py|concurrent/futures/_base\.py|time\.py)$")
 
 
+FIRST_CHARS = frozenset("TCP ")  # what a dump's lines begin with: a line that begins otherwise is no dump's
+
+
 def may_start(msg: str) -> bool:
     """Cheap test: could this line begin a dump (a thread's head, a frame in a dump's form, py-spy's preamble)?"""
     head = msg[:1]
