@@ -73,3 +73,19 @@ def test_failures_printed_out_of_time_order_are_put_back_in_it() -> None:
     # Without a time on one of them, the log's order stands.
     untimed = text.replace("2022-06-21 19:14:10,718\tERROR worker.py:99 -- ", "")
     assert [f.exc_type for f in roots(untimed)] == ["ConnectionError", "Check failed"]
+
+
+def test_py_spy_on_a_real_engine_loading_on_the_h200() -> None:
+    """py-spy's dump of the miniature's processes on an H200, as bench/gpu_first_sign_run.sh's watcher took it
+    (tests/fixtures/gpu/h200_first_sign_1203/ours-cold/ours-cold.watch.txt, 58 s in): three processes, one active."""
+    watch = (Path(__file__).parent / "fixtures" / "gpu" / "h200_first_sign_1203" / "ours-cold" /
+             "ours-cold.watch.txt").read_text().split("\n=== ")
+    dump = next(block for block in watch if block.lstrip("= ").startswith("+58s"))
+    text = dump[dump.index("Process 914:"):]
+    (root,) = [f for f in roots(text) if f.exc_type == "Stack dump"]
+    # The active thread is the one that matters: the miniature's child building the toy model's weights.
+    assert root.message.startswith("MainThread stuck in _no_grad_normal_ (init.py:83)")
+    assert "threads dumped" in root.message
+    frames = root.first.exceptions[0].frames
+    assert frames[-1].function == "_no_grad_normal_" and frames[0].function == "_run_module_as_main"
+    assert frames[0].file == "<frozen runpy>"  # py-spy's name of a frozen module, space and all

@@ -34,7 +34,7 @@ _FH_HEAD = re.compile(r"^(?P<cur>Current thread|Thread) (?P<tid>0x[0-9a-fA-F]+)(
                       r"\(most recent call first\):\s*$")
 _FH_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>[^\s,]+)\s*$')
 _SPY_HEAD = re.compile(r'^Thread (?P<tid>0x[0-9A-Fa-f]+|\d+) \((?P<state>[^()]*)\)(?:: "(?P<name>[^"]*)")?\s*$')
-_SPY_FRAME = re.compile(r"^\s{2,}(?P<func>[^\s()]+) \((?P<file>[^()\s]+):(?P<line>\d+)\)\s*$")
+_SPY_FRAME = re.compile(r"^\s{2,}(?P<func>[^\s()]+) \((?P<file><[^<>]*>|[^()\s]+):(?P<line>\d+)\)\s*$")
 _SPY_PREAMBLE = re.compile(r"^(?:Process \d+: .*|Python v\d+\.\d+\S* \(.*\))\s*$")
 # Where a thread sits while it waits: its innermost frames say that it waits, not for what.
 _WAITING = re.compile(r"(?:^|/)(?:zmq/sugar/\w+\.py|selectors\.py|threading\.py|queue\.py|socket\.py|ssl\.py"
