@@ -12,6 +12,7 @@ import signal as _signal
 from typing import Optional
 
 from eaglewatch.decode.events import ProcessDeath
+from eaglewatch.decode.gate import holds_any
 
 _SIGNAL_WORDS = {
     "Segmentation fault": "SIGSEGV",
@@ -55,25 +56,11 @@ _DIED = re.compile(r"\bdied\b|\bwas killed\b")
 _SKIP_LEVELS = frozenset({"INFO", "DEBUG"})
 
 
-def maybe_death(msg: str) -> bool:
-    """Cheap test: could this line be a death notice?"""
-    return (
-        "died" in msg
-        or "ignal" in msg
-        or "Killed" in msg
-        or "killed" in msg
-        or "core dumped" in msg
-        or "xit code" in msg
-        or "xitcode" in msg
-        or "eturncode" in msg
-        or "eturn code" in msg
-        or "fault" in msg
-        or "Bus error" in msg
-        or "Illegal instruction" in msg
-        or "oom" in msg
-        or "OOM" in msg
-        or "out of memory" in msg
-    )
+# The words every death notice above holds one of (each pattern's own words): the cheap test before them.
+DEATH_WORDS = ("died", "ignal", "Killed", "killed", "core dumped", "xit code", "xitcode", "eturncode", "eturn code",
+               "fault", "Bus error", "Illegal instruction", "oom", "OOM", "out of memory")
+maybe_death = holds_any(DEATH_WORDS)
+maybe_death.__doc__ = "Cheap test: could this line be a death notice?"
 
 
 def signal_name(value: str) -> Optional[str]:
