@@ -51,8 +51,8 @@ from eaglewatch.decode.hints import Hint, classify
 from eaglewatch.decode.lanes import KIND_WORKER, MAIN_LANE, compress_names
 from eaglewatch.decode.stamps import time_key
 from eaglewatch.decode.lineshapes import watchdog_key
+from eaglewatch.decode.nativereports import BASIS_BANNER
 from eaglewatch.decode.traceback import (
-    BASIS_BANNER,
     BASIS_FAULTHANDLER,
     WATCHDOG_TIMEOUT,
     bare_exception,

@@ -11,12 +11,13 @@ and returns finished :class:`TracebackEvent` objects. It understands
   line alone (``ValueError: Free memory on device ...``), an exception line after a stray source or caret line,
   a message and ``Traceback (most recent call last):`` on one line, Ray's ``ray::Actor.method() (pid=...)``
   header, a debugger's "Exception has occurred: X" report (frames innermost first);
-* ``faulthandler`` dumps ("Fatal Python error: Segmentation fault" with thread stacks) and fatal-signal banners
-  (``!!!!!!! Segfault encountered !!!!!!!``, ``*** SIGSEGV received at time=...``);
-* C++ exceptions that end in ``std::terminate`` ("terminate called after throwing an instance of ..."), also
-  when several ranks print theirs into one another and the terminal wraps them; one whose ``what()`` is an NCCL
-  watchdog timeout is a watchdog failure;
-* eaglewatch's preflight table (``[FAIL] miniature  reason`` with its ``fix:`` line, ``preflight: FAILED``).
+* ``faulthandler``'s report of a fatal error ("Fatal Python error: Segmentation fault" with thread stacks).
+
+How a report begins is a table, :data:`START_RULES`. Reports that are not Python's are read by the readers of
+``nativereports.py``, mixed in: C++ exceptions that end in ``std::terminate`` (one whose ``what()`` is an NCCL
+watchdog timeout is a watchdog failure), Rust panics, fatal-signal banners, and eaglewatch's preflight table.
+One-line failures that are not exceptions are rows of ``lineshapes.py``; stack dumps of live processes are
+``stackdump.py``'s.
 
 Lines of other lanes never reach an assembler, so interleaving between processes does not matter. Unrelated
 lines inside the same lane (another thread, or another process writing without a prefix) are skipped while
@@ -37,7 +38,6 @@ from eaglewatch.decode.events import (
     CERTAIN,
     GUESS,
     KIND_ABORT,
-    KIND_CHECK,
     KIND_FATAL,
     KIND_TRACEBACK,
     KIND_WATCHDOG,
@@ -49,13 +49,14 @@ from eaglewatch.decode.events import (
 from eaglewatch.decode.exclass import class_from_message
 from eaglewatch.decode.frames import frame_kind
 from eaglewatch.decode.gate import holds_any, make_gate
+from eaglewatch.decode.nativereports import ABORT_START, BASIS_BANNER, NativeReports
+from eaglewatch.decode.nativereports import ReportLine as _Line
 
 TB_START = "Traceback (most recent call last):"
 EG_MARK = "Exception Group Traceback (most recent call last):"
 CAUSE = "The above exception was the direct cause of the following exception:"
 CONTEXT = "During handling of the above exception, another exception occurred:"
 FATAL_START = "Fatal Python error: "
-ABORT_START = "terminate called "
 DEBUGGER_START = "Exception has occurred: "
 
 # A line that may begin a traceback-like block (checked with str.startswith before anything else).
@@ -71,9 +72,6 @@ BASIS_LOGGED = "exception message logged before its traceback, which is cut"
 BASIS_RAY = "Ray task report"
 BASIS_DEBUGGER = "debugger exception report (frames innermost first)"
 BASIS_FAULTHANDLER = "faulthandler dump"
-BASIS_BANNER = "fatal-signal banner"
-BASIS_ABORT = "C++ abort report"
-BASIS_CHECK = "preflight check"
 
 _FILE = re.compile(r'\s*File "(?P<file>[^"]*)", line (?P<line>\d+|\?+)(?:,? in (?P<func>.*?))?\s*$')
 _EXC = re.compile(r"(?P<type>[A-Za-z_][\w.]*(?:\([\w.]+\))?)(?:(?P<colon>:)(?: ?(?P<msg>.*))?)?$")
@@ -111,21 +109,11 @@ BASIS_CANN = "CANN error report (torch_npu raises it as a RuntimeError)"
 _CANN_TAIL_FAILURE = re.compile(r"^(?!.*\bWARN).*(?: failed\b| timeout occurred|error from device)")
 _LABEL_END = frozenset(":：】]>)*`'\" \t")
 _WORKER_METHOD = re.compile(r"Exception in worker \S+ while processing method \w+: (?P<msg>.*?),?$")
-# Rust's panic report (tokenizers, Dynamo's frontend, anything with a Rust core): the message on the same line
-# (older Rust: "panicked at 'msg', src/x.rs:1:2") or on the next (newer: "panicked at src/x.rs:1:2:").
-_PANIC = re.compile(r"thread '(?P<thread>[^']*)' panicked at (?P<rest>.*)$")
-RUST_PANIC = "Rust panic"
 _STATE_DICT = "Error(s) in loading state_dict for "
 _RAY_ACTOR_TAIL = ("The actor is dead because", "The actor never ran", "The actor died because")
 _REPEATED = re.compile(r"\s*\[Previous line repeated \d+ more times?\]")
 _PROCESS = re.compile(r"Process (?P<name>[^\s:]+):\s*$")
 _THREAD_HEAD = re.compile(r"(?:Current thread|Thread) 0x[0-9a-fA-F]+.*\(most recent call first\):\s*$")
-_ABORT_TYPE = re.compile(
-    r"terminate called after throwing an instance of '(?P<type>[A-Za-z_][\w:<>]*?)(?=terminate|'|$)"
-)
-_RAISED_FROM = re.compile(
-    r"Exception raised from (?P<func>.+?) at (?P<file>[^\s:]+):(?P<line>\d+) \(most recent call first\)"
-)
 _SUB_SEP = re.compile(r"\+?-*\+?-+ (?:\d+|\.\.\.) -+$")
 _RAY_TASK = re.compile(r"ray::[\w.<>\-]+\(\) \(pid=\d+")
 # IPython / Jupyter / Databricks: "ValueError                Traceback (most recent call last)", frames as
@@ -135,16 +123,6 @@ _IPY_FILE = re.compile(
     r"(?:, line (?P<line2>\d+))?(?:, in (?P<func>[^(\s]+)(?:\(.*)?)?\s*$"
 )
 _IPY_ARROW = re.compile(r"-*> ?(?P<no>\d+) (?P<src>.*)$")
-_BANNER = re.compile(
-    r"!{3,} ?(?P<what>Segfault|Segmentation fault|Bus error|Illegal instruction|Floating point exception|Abort)"
-    r"\w* encountered ?!{3,}"
-    r"|\*\*\* (?P<sig>SIG[A-Z]+) received at time="
-    r"|Caught signal (?P<num>\d+) \((?P<what2>[^:)]+)"
-)
-_BANNER_SIGNALS = {"Segfault": "SIGSEGV", "Segmentation fault": "SIGSEGV", "Bus error": "SIGBUS",
-                   "Illegal instruction": "SIGILL", "Floating point exception": "SIGFPE", "Abort": "SIGABRT"}
-_CHECK = re.compile(r"\s*\[(?P<mark>FAIL|warn)\] (?P<name>\S(?:.*?\S)?)(?: {2,}(?P<reason>\S.*))?$")
-_PREFLIGHT_FAILED = re.compile(r"preflight: FAILED(?: \((?P<detail>[^)]*)\))?")
 WATCHDOG_TIMEOUT = "Watchdog caught collective operation timeout"
 _RANK_IN = re.compile(r"\[Rank (\d+)\] Watchdog caught")
 
@@ -322,7 +300,7 @@ def is_watchdog_message(message: str) -> bool:
     return WATCHDOG_TIMEOUT in message or WATCHDOG_TIMEOUT in message.replace("\n", "")
 
 
-class TracebackAssembler:
+class TracebackAssembler(NativeReports):
     """Reads one lane. Call :meth:`feed` for every line of the lane while :attr:`active` is true, and for
     lines that :func:`may_start` a report otherwise; call :meth:`flush` at the end."""
 
@@ -501,57 +479,6 @@ class TracebackAssembler:
         self.after_frame = True
         return True
 
-    def _start_panic(self, c: "_Line") -> bool:
-        found = _PANIC.search(c.msg)
-        if found is None:
-            return False
-        self._begin(c.level, c.time, c.source, c.line_no, c.prev_msg, c.prev_record)
-        self.kind = KIND_ABORT
-        self.basis = "Rust panic report"
-        self.cur = _Exc(None)
-        self.cur.exc_type = RUST_PANIC
-        rest = found.group("rest").strip()
-        self.cur.msg_lines = [rest]
-        if not rest.endswith(":"):
-            self.abort_seen.add("panic message")  # the old layout: the message is on this line
-        self.state = _ABORT
-        self.provisional_due = True
-        return True
-
-    def _start_abort(self, c: "_Line") -> bool:
-        msg = c.msg
-        found = _ABORT_TYPE.search(msg)
-        if not (msg.startswith(ABORT_START) or found):
-            return False
-        self._begin(c.level, c.time, c.source, c.line_no, c.prev_msg, c.prev_record)
-        self.kind = KIND_ABORT
-        self.basis = BASIS_ABORT
-        self.cur = _Exc(None)
-        self.cur.exc_type = found.group("type") if found and found.group("type") else "std::terminate"
-        if not found:
-            self.cur.msg_lines = [msg.strip()]
-        self.state = _ABORT
-        self.provisional_due = True
-        return True
-
-    def _start_banner(self, c: "_Line") -> bool:
-        banner = _BANNER.search(c.msg)
-        if banner is None:
-            return False
-        self._begin(c.level, c.time, c.source, c.line_no, c.prev_msg, c.prev_record)
-        self.kind = KIND_FATAL
-        self.basis = BASIS_BANNER
-        self.cur = _Exc(None)
-        what = banner.group("what") or banner.group("what2") or ""
-        self.signal = banner.group("sig") or _BANNER_SIGNALS.get(what.strip().split(":")[0])
-        if self.signal is None and banner.group("num"):
-            self.signal = _NUM_SIGNALS.get(banner.group("num"))
-        self.cur.exc_type = "Segmentation fault" if self.signal == "SIGSEGV" else "Fatal signal"
-        self.cur.msg_lines = [c.stripped.strip()]
-        self.state = _FATAL
-        self.provisional_due = True
-        return True
-
     def _start_fragment(self, c: "_Line") -> bool:
         found = _is_frame(c.stripped)
         if found is None:
@@ -583,9 +510,6 @@ class TracebackAssembler:
         self.basis = BASIS_DEBUGGER
         self.provisional_due = True
         return True
-
-    def _start_check_line(self, c: "_Line") -> bool:
-        return self._start_check(c.msg, c.level, c.time, c.source, c.line_no, c.prev_msg, c.prev_record)
 
     def _start_inline_header(self, c: "_Line") -> bool:
         msg = c.msg
@@ -703,27 +627,13 @@ class TracebackAssembler:
             self.pending_exc = (exc_class, first)
             self.pending_basis = BASIS_LOGGED
 
-    def _start_check(self, msg, level, time, source, line_no, prev_msg, prev_record) -> bool:
-        found = _CHECK.match(msg)
-        summary = None if found else _PREFLIGHT_FAILED.match(msg)
-        if found is None and summary is None:
-            return False
-        self._begin(level, time, source, line_no, prev_msg, prev_record)
-        self.kind = KIND_CHECK
-        self.basis = BASIS_CHECK
-        self.cur = _Exc(None)
-        if found is not None:
-            self.cur.exc_type = "PreflightCheckFailed" if found.group("mark") == "FAIL" else "PreflightWarning"
-            self.survived = found.group("mark") == "warn"
-            reason = found.group("reason") or ""
-            self.cur.msg_lines = [f"{found.group('name')}: {reason}".rstrip(": ")]
-        else:
-            assert summary is not None
-            self.cur.exc_type = "PreflightFailed"
-            self.cur.msg_lines = [summary.group("detail") or "preflight failed"]
-        self.state = _CHECKLINE
-        self.provisional_due = True
-        return True
+    # What the readers of NativeReports use of the assembler.
+    STATE_FATAL, STATE_ABORT, STATE_CHECKLINE = _FATAL, _ABORT, _CHECKLINE
+    MAX_MESSAGE_LINES = MAX_MESSAGE_LINES
+    _starts_block = staticmethod(starts_block)
+
+    def _new_exc(self) -> "_Exc":
+        return _Exc(None)
 
     def _begin(self, level, time, source, line_no, prev_msg, prev_record) -> None:
         self._reset()
@@ -789,16 +699,7 @@ class TracebackAssembler:
         if state == _DEBUGGER:
             return self._debugger_line(msg, level, source, out)
         if state == _CHECKLINE:
-            stripped = msg.strip()
-            if level is None and stripped.startswith("fix: "):
-                cur = self.cur
-                assert cur is not None
-                cur.msg_lines.append(stripped)
-                self._keep(msg)
-                self._finish(out)
-                return True
-            self._finish(out)
-            return False
+            return self._check_line(msg, level, out)
         return False
 
     def _keep(self, msg: str) -> None:
@@ -1061,48 +962,6 @@ class TracebackAssembler:
             return True
         return False
 
-    def _abort_line(self, msg: str) -> bool:
-        cur = self.cur
-        assert cur is not None
-        stripped = msg.strip()
-        if cur.exc_type == RUST_PANIC:
-            if stripped.startswith("note: run with") or stripped.startswith("stack backtrace:"):
-                return True
-            if stripped and "panic message" not in self.abort_seen:
-                cur.msg_lines = [stripped, f"(at {cur.msg_lines[0].rstrip(':')})"]
-                self.abort_seen.add("panic message")
-                return True
-            return False
-        if stripped.startswith("what():"):
-            cur.msg_lines = [msg[msg.index("what():") + len("what():"):].strip()]
-            cur.raw_lens = [len(msg)]
-            cur.wrapped = True
-            self.abort_seen.add("what")
-            self.provisional_due = True
-            return True
-        if "what" not in self.abort_seen and self.abort_junk < 20 and (
-                "terminate called" in msg or "'" in msg or "::" in msg):
-            # Several processes aborting at once write their lines into one another.
-            self.abort_junk += 1
-            return True
-        found = _RAISED_FROM.search(msg)
-        if found:
-            file = found.group("file")
-            cur.frames = [Frame(file, int(found.group("line")), found.group("func"), None, frame_kind(file))]
-            self.abort_seen.add("raised")
-            return True
-        if msg.startswith("frame #"):
-            self.abort_seen.add("frame")
-            return True
-        if not stripped:
-            return "frame" not in self.abort_seen
-        if ("what" in self.abort_seen and "raised" not in self.abort_seen and len(cur.msg_lines) < MAX_MESSAGE_LINES
-                and not starts_block(msg)):
-            cur.msg_lines.append(msg)
-            cur.raw_lens.append(len(msg))
-            return True
-        return False
-
     # ------------------------------------------------------------------ finishing
 
     def snapshot(self) -> Optional[TracebackEvent]:
@@ -1206,7 +1065,6 @@ _FATAL_SIGNALS = {
     "Floating point exception": "SIGFPE",
     "Illegal instruction": "SIGILL",
 }
-_NUM_SIGNALS = {"4": "SIGILL", "6": "SIGABRT", "7": "SIGBUS", "8": "SIGFPE", "9": "SIGKILL", "11": "SIGSEGV"}
 
 
 def _fatal_frames(stacks: list[tuple[bool, list[Frame]]]) -> list[Frame]:
@@ -1283,19 +1141,6 @@ def _is_group(record: ExceptionRecord) -> bool:
     return record.short_type in ("ExceptionGroup", "BaseExceptionGroup") or bool(
         re.search(r"\(\d+ sub-exceptions?\)$", record.message)
     )
-
-
-class _Line(NamedTuple):
-    """One line as the start rules read it."""
-
-    msg: str
-    stripped: str
-    level: Optional[str]
-    time: Optional[str]
-    source: Optional[str]
-    line_no: int
-    prev_msg: Optional[str]
-    prev_record: Optional[tuple[Optional[str], Optional[str], Optional[str]]]
 
 
 class StartRule(NamedTuple):
