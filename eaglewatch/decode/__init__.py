@@ -7,7 +7,10 @@ Pure standard library: it imports neither Textual nor paramiko nor torch, so the
 * ``lanes``: process prefixes (``(Worker_TP0 pid=1)``, ``(VllmWorker rank=3 pid=2)``, ``[rank1]:``, ...);
 * ``header``: logger headers -> level, time, source;
 * ``bars``: tqdm bars -> :class:`BarUpdate`;
-* ``traceback``: per-lane traceback assembly (chains, groups, faulthandler, C++ aborts, parts of tracebacks);
+* ``traceback``: per-lane assembly of Python's reports (chains, groups, faulthandler's fatal error, parts of
+  tracebacks), begun by the rows of ``START_RULES``; ``nativereports``: its readers of C++ aborts, Rust panics,
+  fatal-signal banners and preflight lines; ``stackdump``: stack dumps of live processes (py-spy, faulthandler);
+  ``gate``: the cheap line tests, made from the rows' triggers; ``stamps``: loggers' timestamps as sort keys;
 * ``deaths``: "killed by signal", "died unexpectedly", the OOM killer; ``lineshapes``: the catalogue of one-line
   failure shapes (NCCL watchdog timeouts, native CUDA checks, scheduler kills, usage errors: one row each);
 * ``rootcause``: grouping across ranks and ranking, root cause first; ``hints``: the hint table;
