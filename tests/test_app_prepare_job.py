@@ -32,7 +32,9 @@ def test_a_prepare_run_gets_its_own_panel_and_its_report(tiny_llama, run_root, t
             screen = await wait_until(pilot, lambda: run_screen(app), 60, what="run screen")
             await wait_until(pilot, lambda: screen.model.snapshot().exit_text is not None, 180, what="run end")
             await wait_until(pilot, lambda: whole_log_arrived(screen, run_root), 60, what="the whole log")
-            await wait_until(pilot, lambda: "wrote 64 samples" in screen_text(app), 30, what="the report")
+            # The model has the end before the screen paints it: wait for the painted end as well.
+            await wait_until(pilot, lambda: "wrote 64 samples" in screen_text(app) and "exit code 0" in screen_text(app),
+                             30, what="the report and the painted end")
             text = screen_text(app)
             assert "eaglewatch prepare" in text and "tokenizes the data" in text
             for absent in ("extraction", "─ GPUs", "samples ?", "disk free"):
