@@ -133,8 +133,9 @@ def run_steps(args: argparse.Namespace) -> int:
 
     hf_logging.disable_progress_bar()
     result = verify(out, against_hf=2 if engine == "vllm" else 0)
-    print(f"[demo] {manifest.get('samples_done', manifest.get('samples_total'))} samples in {out}; "
-          f"verify: {'PASS' if result.passed else 'FAIL'}"
-          + (f" (max diff against HF {result.against_hf['max_abs_diff']:.2g})" if result.against_hf else ""),
+    # The verdict first: the dashboard's log at 80 columns cuts the long path at the end, not the verdict.
+    print(f"[demo] verify: {'PASS' if result.passed else 'FAIL'}"
+          + (f" (max diff against HF {result.against_hf['max_abs_diff']:.2g})" if result.against_hf else "")
+          + f"; {manifest.get('samples_done', manifest.get('samples_total'))} samples in {out}",
           file=sys.stderr)
     return 0 if result.passed else 1
