@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "attach": "eaglewatch.tui.commands.attach",
     "stop": "eaglewatch.tui.commands.stop",
     "restart": "eaglewatch.tui.commands.restart",
+    "stacks": "eaglewatch.tui.commands.stacks",
     "job": "eaglewatch.tui.app.job",  # the job commands, plus the fleet view on a terminal
     "agent": "eaglewatch.pipeline.agent.cli",
     "dashboard": "eaglewatch.tui.app.cli",
@@ -40,7 +41,8 @@ COMMANDS: dict[str, str] = {
 
 # The commands that print what outside files hold (file and folder names, config and manifest fields, log lines)
 # as plain lines: their stdout and stderr pass every write through the one gate (safetext.SafeTextIO).
-GATED = frozenset({"verify", "export", "preflight", "decode", "runs", "stop", "restart", "make-tiny-model"})
+GATED = frozenset({"verify", "export", "preflight", "decode", "runs", "stop", "restart", "stacks",
+                   "make-tiny-model"})
 # The others, each with why it is not behind the gate and how its outside text is made safe instead
 # (tests/test_hostile_every_command.py checks that every command is in one of the two).
 UNGATED: dict[str, str] = {

@@ -77,6 +77,9 @@ OP_STOP = "stop"  # {run, grace_s} -> summary once every process of the run is g
 OP_RESTART = "restart"  # {run, argv?, grace_s, gpu_timeout_s} -> {old: summary, new: summary}
 OP_TELEMETRY = "telemetry"  # {interval_s} (0 stops) -> {available, reason}
 OP_GPU_HISTORY = "gpu_history"  # {run, limit} -> {samples: [{t, gpus: [{index, mem_used, mem_total, util_gpu}]}]}
+# {run, saved?} -> {run, taken_at, methods, processes: [{pid, role, rank, cmdline, comm, state, wchan, method, note,
+# threads: [{name, current, frames: [{func, file, line}] innermost first}]}]}; saved: the last taken (stacks.json)
+OP_STACKS = "stacks"
 # Data-parallel jobs (docs/protocol.md, "Jobs"; docs/slurm.md): one run per rank, submitted to a scheduler. Each
 # answers with a job snapshot: {job, name, scheduler, target, created_at, world_size, output_dir, scheduler_job_id,
 # ranks: [{rank, host, run, run_dir, node, sched_state, sched_reason, pending_s, elapsed_s, exit_code, summary,
@@ -88,7 +91,7 @@ OP_JOB_CANCEL = "job_cancel"  # {job} -> snapshot once the scheduler has ended e
 OP_JOB_RESTART_RANK = "job_restart_rank"  # {job, rank} -> snapshot; the rank is submitted again and resumes
 JOB_OPS = (OP_JOB_LAUNCH, OP_JOBS, OP_JOB_STATUS, OP_JOB_CANCEL, OP_JOB_RESTART_RANK)
 OPS = (OP_PING, OP_RUNS, OP_STATUS, OP_LAUNCH, OP_WATCH, OP_UNWATCH, OP_STOP, OP_RESTART, OP_TELEMETRY,
-       OP_GPU_HISTORY, *JOB_OPS)
+       OP_GPU_HISTORY, OP_STACKS, *JOB_OPS)
 
 # Job states (MSG_JOB "state", summary "state").
 JOB_STARTING = "starting"  # cmd.json written, the job's pid not yet recorded

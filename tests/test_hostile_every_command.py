@@ -44,6 +44,7 @@ COVERED: dict[str, tuple[str, ...]] = {
                "test_run_files_bounded::test_a_spoiled_run_file_ends_in_at_most_one_clear_line"),
     "stop": ("test_hostile_cli::test_stop_and_launch_print_host_words_safely",),
     "restart": ("test_hostile_cli::test_bad_run_names_options_and_commands_are_refused_in_one_line",),
+    "stacks": ("test_hangs::test_stacks_show_hostile_file_names_and_arguments_visibly",),
     "job": ("test_fleet_hostile::test_job_status_prints_hostile_text_visibly",
             "test_fleet_hostile::test_the_fleet_view_shows_hostile_text_visibly"),
     "agent": ("test_hostile_cli::test_a_nul_in_a_name_or_argument_is_refused_by_the_agent",),

@@ -14,6 +14,10 @@ profiles and thresholds are the dashboard's. Reading and parsing only: nothing h
     run_root = "/data/eaglewatch/runs"
     python = "/opt/venv/bin/python"
 
+    [alerts]                     # sent from the host by the run's supervisor, with no dashboard open
+    webhook = "https://ntfy.sh/my-topic"   # and/or command = ["/usr/local/bin/page-me"]
+    format = "ntfy"              # json (default), ntfy or slack
+
     [profiles.kimi-extract]
     host = "h200"
     name = "kimi-k2.5"
@@ -48,6 +52,29 @@ class HostEntry:
     # The agent's environment on the host: what sbatch, squeue and the jobs it starts see (SLURM_CONF, a PATH with
     # Slurm's commands), where a non-interactive SSH session does not set it.
     agent_env: dict[str, str] = field(default_factory=dict)
+    alerts: Optional["Alerts"] = None  # this host's runs alert here (else the file's [alerts])
+
+
+@dataclass(frozen=True)
+class Alerts:
+    """Where a run's alerts go (docs/dashboard.md, "Alerts off the terminal"): a command and/or a webhook."""
+
+    command: tuple[str, ...] = ()
+    webhook: Optional[str] = None
+    format: str = "json"
+
+    def record(self, stall_after_s: float, low_disk_bytes: int) -> dict[str, Any]:
+        """What the launch request carries to the agent, which keeps it in the run directory for the supervisor."""
+        out: dict[str, Any] = {"format": self.format, "stall_after_s": stall_after_s,
+                               "low_disk_bytes": low_disk_bytes}
+        if self.command:
+            out["command"] = list(self.command)
+        if self.webhook:
+            out["webhook"] = self.webhook
+        return out
+
+
+ALERT_FORMATS = ("json", "ntfy", "slack")
 
 
 @dataclass(frozen=True)
@@ -58,6 +85,7 @@ class Profile:
     run_name: Optional[str] = None
     cwd: Optional[str] = None
     env: dict[str, str] = field(default_factory=dict)
+    alerts: Optional[Alerts] = None
 
 
 @dataclass(frozen=True)
@@ -67,10 +95,17 @@ class Config:
     profiles: dict[str, Profile] = field(default_factory=dict)
     stall_after_s: float = 300.0
     low_disk_bytes: int = 2 * 1024**3
+    alerts: Optional[Alerts] = None  # the file's [alerts]: every run launched with it, unless a host says otherwise
 
     def host(self, name: str) -> HostEntry:
         """The entry called ``name``, or ``name`` itself as a target (an ssh alias, user@host:port, local)."""
         return self.hosts.get(name) or HostEntry(name, name)
+
+    def alerts_for(self, host: str, profile: Optional[Profile] = None) -> Optional[dict[str, Any]]:
+        """The alert settings a launch on ``host`` (from ``profile``) carries: the profile's, else the host's, else
+        the file's; None when none is set."""
+        chosen = (profile.alerts if profile is not None else None) or self.host(host).alerts or self.alerts
+        return chosen.record(self.stall_after_s, self.low_disk_bytes) if chosen is not None else None
 
 
 def _loads(text: str) -> dict[str, Any]:
@@ -86,10 +121,11 @@ def _loads(text: str) -> dict[str, Any]:
 
 _HEADER = re.compile(r"^\s*\[\[?\s*(?P<name>[^\]]*?)\s*\]\]?\s*(?:#.*)?$")
 _KNOWN = {
-    "": ("dashboard", "hosts", "profiles"),
+    "": ("dashboard", "hosts", "profiles", "alerts"),
     "dashboard": ("stall_after_min", "low_disk_gb"),
-    "hosts": ("target", "run_root", "python", "agent_env"),
-    "profiles": ("host", "name", "cwd", "argv", "env"),
+    "hosts": ("target", "run_root", "python", "agent_env", "alerts"),
+    "profiles": ("host", "name", "cwd", "argv", "env", "alerts"),
+    "alerts": ("command", "webhook", "format"),
 }
 
 
@@ -196,7 +232,8 @@ def parse(text: str, path: Optional[Path] = None) -> Config:
         target = check.text(entry, section, "target", one_word=True) or name
         hosts[name] = HostEntry(name, target, check.text(entry, section, "run_root"),
                                 check.text(entry, section, "python"),
-                                _environment(check, section, "agent_env", entry.get("agent_env", {})))
+                                _environment(check, section, "agent_env", entry.get("agent_env", {})),
+                                _alerts(check, section + ("alerts",), entry.get("alerts")))
     profiles = {}
     for name, value in check.table(data.get("profiles", {}), ("profiles",)).items():
         section = ("profiles", name)
@@ -210,8 +247,32 @@ def parse(text: str, path: Optional[Path] = None) -> Config:
         env = _environment(check, section, "env", entry.get("env", {}))
         host = check.text(entry, section, "host", one_word=True)
         profiles[name] = Profile(name, list(argv), host, check.text(entry, section, "name"),
-                                 check.text(entry, section, "cwd"), dict(env))
-    return Config(path, hosts, profiles, stall_min * 60, int(low_disk_gb * 1024**3))
+                                 check.text(entry, section, "cwd"), dict(env),
+                                 _alerts(check, section + ("alerts",), entry.get("alerts")))
+    return Config(path, hosts, profiles, stall_min * 60, int(low_disk_gb * 1024**3),
+                  _alerts(check, ("alerts",), data.get("alerts")))
+
+
+def _alerts(check: "_Checker", section: tuple[str, ...], value: Any) -> Optional[Alerts]:
+    """An alerts table: ``command`` (a list of strings, the program first), ``webhook`` (an http(s) URL) and
+    ``format``; at least one of the first two."""
+    if value is None:
+        return None
+    entry = check.table(value, section[:-1], section[-1]) if len(section) > 1 else check.table(value, section)
+    check.only_known(entry, section, "alerts")
+    command = entry.get("command")
+    if command is not None and (not isinstance(command, list) or not command or not all(
+            isinstance(word, str) and word and "\0" not in word for word in command)):
+        raise check.fail(section, "command", "must be a non-empty list of strings, the program first")
+    webhook = check.text(entry, section, "webhook", one_word=True)
+    if webhook is not None and not re.match(r"^https?://[^/\s?#]+", webhook):
+        raise check.fail(section, "webhook", "must be an http:// or https:// URL")
+    fmt = entry.get("format", "json")
+    if fmt not in ALERT_FORMATS:
+        raise check.fail(section, "format", f"must be one of {', '.join(ALERT_FORMATS)}", _shown(fmt))
+    if not command and webhook is None:
+        raise check.fail(section, None, "needs a command or a webhook (or both)")
+    return Alerts(tuple(command or ()), webhook, fmt)
 
 
 def _environment(check: "_Checker", section: tuple[str, ...], key: str, value: Any) -> dict[str, str]:

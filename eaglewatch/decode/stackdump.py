@@ -41,6 +41,16 @@ _WAITING = re.compile(r"(?:^|/)(?:zmq/sugar/\w+\.py|selectors\.py|threading\.py|
                       r"|subprocess\.py|multiprocessing/(?:connection|synchronize|queues|popen_\w+)\.py"
                       r"|asyncio/\w+\.py|concurrent/futures/_base\.py|time\.py)$")
 
+# Public names of the dump shapes above, for the readers of whole dumps (``stackgroups``).
+FH_HEAD, FH_FRAME, SPY_HEAD, SPY_FRAME, SPY_PREAMBLE, WAITING = (
+    _FH_HEAD, _FH_FRAME, _SPY_HEAD, _SPY_FRAME, _SPY_PREAMBLE, _WAITING)
+
+
+def is_waiting(file: str) -> bool:
+    """Whether a frame in ``file`` is a waiting primitive (a poll, a lock, a queue): it says that a thread waits,
+    not for what."""
+    return _WAITING.search(file.replace("\\", "/")) is not None
+
 
 FIRST_CHARS = frozenset("TCP ")  # what a dump's lines begin with: a line that begins otherwise is no dump's
 
@@ -145,9 +155,9 @@ def _where(thread: _Thread) -> str:
     frames = thread.frames
     inner = frames[0]
     named = f"{thread.name} " if thread.name != "thread" else ""
-    if not _WAITING.search(inner.file.replace("\\", "/")):
+    if not is_waiting(inner.file):
         return f"{named}stuck in {_frame_text(inner)}"
-    cause = next((f for f in frames if not _WAITING.search(f.file.replace("\\", "/"))), None)
+    cause = next((f for f in frames if not is_waiting(f.file)), None)
     if cause is None:
         return f"{named}waiting in {_frame_text(inner)}"
     return f"{named}waiting in {_frame_text(inner)} under {_frame_text(cause)}"

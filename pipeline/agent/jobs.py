@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from eaglewatch import __version__
-from eaglewatch.pipeline.agent import jobpython, procs
+from eaglewatch.pipeline.agent import jobpython, procs, runwatch, stacks
 from eaglewatch.pipeline.agent.rundir import (
     JOB_EXITED,
     JOB_LOST,
@@ -195,8 +195,10 @@ def launch(
     wait_s: float = 10.0,
     python: str | None = None,
     installed: bool = False,
+    alerts: Mapping[str, Any] | None = None,
 ) -> RunDir:
     """Create the run directory, start the supervisor detached, and wait until the job's pid is recorded.
+    ``alerts`` (the operator's alert settings: runwatch.py) are kept in the run directory for its supervisor.
 
     A bare ``eaglewatch …`` command runs this agent's own eaglewatch under the Python that has vLLM (``python``,
     else one found on the host), checked before anything starts; ``installed`` runs the host's own eaglewatch
@@ -211,6 +213,10 @@ def launch(
     run = _fresh_run_dir(root, name)
     write_command_record(run, argv, job, cwd=cwd, env=env, name=name, python=python, installed=bool(installed),
                          restart_of=restart_of)
+    if alerts:
+        if not isinstance(alerts, Mapping):
+            raise BadRequest("alerts must be an object")
+        runwatch.write_settings(run, dict(alerts))
     proc = start_supervisor(run, supervisor_env(job, os.environ if base_env is None else base_env), detached=True)
     _spawned.append(proc)
     deadline = time.monotonic() + wait_s
@@ -571,6 +577,7 @@ def restart(
     if not cmd.get("argv"):
         raise JobError(f"run {run.run_id} has no readable cmd.json")
     pids = procs.run_processes(run.run_id, run.pgid())
+    alerts = runwatch.read_record(run)  # the new run alerts where the old one did
     old = stop(run, grace_s, notice, via="restart")
     wait_for_gpu_release = _gpu_release_hook()
     if wait_for_gpu_release is None:
@@ -592,9 +599,32 @@ def restart(
         restart_of=run.run_id,
         python=cmd.get("python") if isinstance(cmd.get("python"), str) else None,
         installed=cmd.get("installed") is True,
+        alerts=alerts,
     )
     say(f"restarted as {new.run_id}")
     return old, new
+
+
+def take_stacks(run: RunDir) -> dict[str, Any]:
+    """The stacks of every process of a running run (stacks.py), kept as the run's latest in stacks.json."""
+    cmd = run.cmd() if not dir_gone(run) else {}
+    node = remote_node(cmd)
+    if node is not None and not _task_alive_here(node):
+        raise Refused(f"run {run.run_id} runs on node {node}: its stacks can be taken on that node only "
+                      f"(eaglewatch stacks {node} {run.run_id})")
+    state = run_state(run)
+    if state not in (JOB_RUNNING, JOB_STARTING):
+        raise Refused(f"run {run.run_id} is {state}: no process of it is left to ask")
+    taken = stacks.take(run.run_id, run.path, run.pgid())
+    try:
+        write_json_atomic(run.path / stacks.LAST_STACKS, taken)
+    except OSError:
+        pass
+    return taken
+
+
+def _task_alive_here(node: str) -> bool:
+    return node in (socket.gethostname(), socket.gethostname().split(".")[0])
 
 
 def iter_running(root: Path) -> Iterable[RunDir]:
@@ -602,3 +632,15 @@ def iter_running(root: Path) -> Iterable[RunDir]:
     for run in run_dirs(root):
         if run_state(run, table) in (JOB_RUNNING, JOB_STARTING):
             yield run
+
+
+def saved_stacks(run: RunDir) -> dict[str, Any]:
+    """The last stacks taken of the run (stacks.json), or an empty record when none were."""
+    path = run.path / stacks.LAST_STACKS
+    try:
+        record = json.loads(read_run_record(path, stacks.DUMP_LIMIT * 8).decode("utf-8")) if path.exists() else None
+    except (OSError, ValueError):
+        record = None
+    if not isinstance(record, dict) or not isinstance(record.get("processes"), list):
+        return {"run": run.run_id, "taken_at": None, "processes": [], "methods": []}
+    return record

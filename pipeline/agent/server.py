@@ -323,7 +323,7 @@ class TelemetryLoop(threading.Thread):
 
 
 def _features() -> list[str]:
-    features = ["launch", "watch", "stop", "restart"]
+    features = ["launch", "watch", "stop", "restart", "stacks", "alerts"]
     try:
         if importlib.util.find_spec("eaglewatch.pipeline.telemetry") is not None:
             features.append("telemetry")
@@ -418,7 +418,7 @@ class Server:
         if handler is None or not isinstance(args, dict):
             self.out.send(p.reply_error(request_id, p.ERR_BAD_REQUEST, f"unknown command {op!r}"))
             return
-        if op in (p.OP_STOP, p.OP_RESTART) or op in p.JOB_OPS:
+        if op in (p.OP_STOP, p.OP_RESTART, p.OP_STACKS) or op in p.JOB_OPS:
             # These wait (on processes, on Slurm's commands): streaming and the next commands must not.
             threading.Thread(target=self._run, args=(handler, request_id, args), daemon=True).start()
         else:
@@ -457,7 +457,7 @@ class Server:
     def op_launch(self, args: dict[str, Any]) -> Any:
         run = jobs.launch(
             self.root, args["argv"], cwd=args.get("cwd"), env=args.get("env"), name=args.get("name"),
-            python=args.get("python"), installed=args.get("installed") is True,
+            python=args.get("python"), installed=args.get("installed") is True, alerts=args.get("alerts"),
         )
         return jobs.run_summary(run)
 
@@ -486,6 +486,14 @@ class Server:
             notice=self._notice(run.run_id),
         )
         return {"old": old, "new": jobs.run_summary(new)}
+
+    def op_stacks(self, args: dict[str, Any]) -> Any:
+        """Where every process of the run is (stacks.py); ``saved: true`` gives the last stacks taken instead
+        (at a stall, by the run's supervisor), or none."""
+        run = jobs.find(self.root, args["run"])
+        if args.get("saved") is True:
+            return jobs.saved_stacks(run)
+        return jobs.take_stacks(run)
 
     def op_gpu_history(self, args: dict[str, Any]) -> Any:
         """The last samples the run's supervisor recorded (none without NVML or the telemetry package)."""

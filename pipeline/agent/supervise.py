@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 
 from eaglewatch import protocol
+from eaglewatch.pipeline.agent import runwatch, stacks
+from eaglewatch.pipeline.agent.alert_send import AlertSender
 from eaglewatch.pipeline.agent.procs import RUN_ID_ENV, RunTargets, wait_until
 from eaglewatch.pipeline.agent.rundir import (
     STOP_FILE,
@@ -59,7 +61,7 @@ def job_environment(run: RunDir, base: dict[str, str]) -> dict[str, str]:
     env[RUN_ID_ENV] = run.run_id
     env[RUN_DIR_ENV] = str(run.path)
     env[EVENTS_FILE_ENV] = str(run.events_path)
-    return env
+    return stacks.arm_environment(run.path, env)
 
 
 def _exit_record(status: int) -> dict:
@@ -116,12 +118,15 @@ def supervise(run_dir: Path) -> int:
     _keep(write_text_atomic, run.path / PID_FILE, f"{child.pid}\n")
     _keep(write_text_atomic, run.path / PGID_FILE, f"{child.pid}\n")
     history = _start_gpu_history(run)
+    watcher = _start_watcher(run, child.pid)
     _, status = os.waitpid(child.pid, 0)
     record = _exit_record(status)
     record["ended_at"] = time.time()
     record["recorded_by"] = "supervisor"
     record.update(stop_fields(run))
     record = _write_exit(run, record)
+    if watcher is not None:
+        watcher.finish(record)
     # Leftovers are ended even when nothing can be recorded (the run directory was deleted): they hold GPUs.
     leftovers = clear_leftovers(run, child.pid, _env_seconds(LEFTOVER_GRACE_ENV, LEFTOVER_GRACE_S))
     if leftovers is not None:
@@ -131,7 +136,44 @@ def supervise(run_dir: Path) -> int:
             history.finish()  # a last line: the memory the run held, released (or not)
         except OSError:
             pass
+    if watcher is not None:
+        watcher.sender.close(ALERT_DRAIN_S)  # the end alert goes out before the supervisor does
     return 0
+
+
+ALERT_DRAIN_S = 30.0
+ALERTS_LOG = "alerts.log"
+
+
+def _start_watcher(run: RunDir, pgid: int) -> runwatch.RunWatcher | None:
+    """The run's alert watcher (runwatch.py), when its launch asked for alerts; else None."""
+    try:
+        settings = runwatch.read_settings(run)
+        if settings is None:
+            return None
+        for problem in settings.problems:
+            _alert_note(run, f"alerts: {problem}")
+        if settings.sinks.empty:
+            return None
+        sender = AlertSender(settings.sinks, note=lambda line: _alert_note(run, line))
+        watcher = runwatch.RunWatcher(run, settings, sender, pgid=pgid)
+        watcher.start()
+        return watcher
+    except Exception as exc:  # alerts are news about the job; they never stop it
+        _alert_note(run, f"alerts: not started: {type(exc).__name__}: {exc}")
+        return None
+
+
+def _alert_note(run: RunDir, line: str) -> None:
+    """One line of what became of an alert, in alerts.log (the URL is never in it: alert_send redacts it)."""
+    try:
+        fd = os.open(run.path / ALERTS_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            os.write(fd, f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}\n".encode("utf-8", "replace"))
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
 
 
 def read_stop_request(run: RunDir) -> dict | None:

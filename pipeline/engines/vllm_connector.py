@@ -23,6 +23,7 @@ patched.
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -43,7 +44,9 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 # For demos and tests of the failure path: "worker_assert:N" makes the writing worker fail a bare `assert` (an
-# AssertionError with an empty message, like vLLM's block_hashes assertion) after it has written N samples.
+# AssertionError with an empty message, like vLLM's block_hashes assertion) after it has written N samples;
+# "worker_hang:N" makes it wait for ever there instead (a hang: no output, no exit, what the stall alert and
+# `eaglewatch stacks` are for).
 FAULT_ENV = "EAGLEWATCH_INJECT_FAULT"
 PATH_KEY = "eaglewatch_path"
 LOSS_MASK_KEY = "eaglewatch_loss_mask"
@@ -68,11 +71,16 @@ class _WriteMetadata(KVConnectorMetadata):
     writes: list[_PendingWrite] = field(default_factory=list)
 
 
-def _parse_fault(spec: str) -> int | None:
+def _parse_fault(spec: str) -> tuple[str, int | None]:
     kind, _, count = spec.partition(":")
-    if kind != "worker_assert":
-        return None
-    return int(count or 0)
+    if kind not in ("worker_assert", "worker_hang"):
+        return "", None
+    return kind, int(count or 0)
+
+
+def _held_by_injected_fault() -> None:
+    """The injected hang (``worker_hang:N``): the worker waits here for ever, as one stuck in a collective does."""
+    threading.Event().wait()
 
 
 def _block_axis() -> int:
@@ -127,7 +135,7 @@ class EaglewatchHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
         self._held: set[str] = set()
         self._finished: set[str] = set()
         self._writes_submitted = 0
-        self._fault_after = _parse_fault(os.environ.get(FAULT_ENV, ""))
+        self._fault, self._fault_after = _parse_fault(os.environ.get(FAULT_ENV, ""))
         self._fsync = bool(self._kv_transfer_config.get_from_extra_config("fsync", True))
         # FP8 rounding happens in the writer threads, on the host copy: off the engine's step, the same code as the
         # hf engine's (output.write_sample_file).
@@ -181,7 +189,10 @@ class EaglewatchHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
         return self._kv_cache[slots // self._block_size, :, slots % self._block_size]
 
     def _submit(self, write: _PendingWrite) -> None:
-        if self._fault_after is not None:
+        if self._fault_after is not None and self._fault == "worker_hang":
+            if self._writes_submitted >= self._fault_after:
+                _held_by_injected_fault()
+        elif self._fault_after is not None:
             assert self._writes_submitted < self._fault_after
         self._writes_submitted += 1
         assert self._kv_cache is not None

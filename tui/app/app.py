@@ -45,11 +45,12 @@ def _css_path() -> str:
 
 class LaunchRequest:
     def __init__(self, argv: Sequence[str], cwd: Optional[str] = None, env: Optional[dict[str, str]] = None,
-                 name: Optional[str] = None) -> None:
+                 name: Optional[str] = None, alerts: Optional[dict] = None) -> None:
         self.argv = list(argv)
         self.cwd = cwd
         self.env = dict(env or {})
         self.name = name
+        self.alerts = alerts  # where the run's supervisor sends its alerts (config.Config.alerts_for)
 
 
 class DashboardApp(App):
@@ -148,7 +149,8 @@ class DashboardApp(App):
             if self.launch_request is not None:
                 request = self.launch_request
                 self.call_from_thread(self.set_status, f"launching on {self.host}: {' '.join(request.argv)}")
-                summary = connection.launch(request.argv, cwd=request.cwd, env=request.env, name=request.name)
+                summary = connection.launch(request.argv, cwd=request.cwd, env=request.env, name=request.name,
+                                            alerts=request.alerts)
                 self.call_from_thread(self.open_run, summary, False)
             elif self.run_request is not None:
                 summary = connection.status(self.run_request)

@@ -89,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
         host_name = host_name or profile.host
         from eaglewatch.tui.app.app import LaunchRequest
 
-        launch = LaunchRequest(profile.argv, profile.cwd, profile.env, profile.run_name or profile.name)
+        launch = LaunchRequest(profile.argv, profile.cwd, profile.env, profile.run_name or profile.name,
+                               cfg.alerts_for(host_name or "local", profile))
     target = _common.resolve_host(args, host_name, cfg)
     from eaglewatch.tui.app.app import DashboardApp
 

@@ -55,6 +55,8 @@ class RunSource(Protocol):
 
     def telemetry(self, interval_s: float) -> dict[str, Any]: ...
 
+    def stacks(self, run: str, saved: bool = False) -> dict[str, Any]: ...
+
     def watch(self, run: str, *, log_offset: int = 0, events_offset: int = 0,
               callback: "Optional[Sink]" = None) -> "RunWatch": ...
 
@@ -110,6 +112,28 @@ def feed_sliced(model: RunModel, items: list[Item], cancelled: Callable[[], bool
                 return
     if pending:
         model.feed_items(pending)
+
+
+class StacksTaker:
+    """Takes the run's stacks in a thread of its own (the agent needs a few seconds to ask every process), one
+    taking at a time: a request while one runs is answered by the one running."""
+
+    def __init__(self, connection: RunSource, model: RunModel, tell: Callable[[], None]) -> None:
+        self.connection, self.model, self.tell = connection, model, tell
+        self.busy = threading.Lock()
+
+    def take(self, run: str) -> None:
+        if self.busy.acquire(blocking=False):
+            threading.Thread(target=self._take, args=(run,), name="stacks", daemon=True).start()
+
+    def _take(self, run: str) -> None:
+        try:
+            self.model.feed_stacks(self.connection.stacks(run))
+        except Exception as exc:  # an agent from before stacks, a run that just ended: said on the stacks screen
+            self.model.feed_stacks(None, f"{type(exc).__name__}: {exc}")
+        finally:
+            self.busy.release()
+        self.tell()
 
 
 def follow_run(
@@ -168,6 +192,7 @@ def follow_run(
                 if cancelled():
                     return
 
+    stacks = StacksTaker(connection, model, tell)
     watch = connection.watch(summary["run"], callback=hand_off)
     with early_lock:
         subscribed.set()
@@ -194,6 +219,8 @@ def follow_run(
             if now - last_tick >= TICK_S:
                 last_tick = now
                 model.tick()
+            if model.take_stacks_request():
+                stacks.take(summary["run"])
             tell()
             if local and now - last_disk >= DISK_EVERY_S:
                 last_disk = now

@@ -122,6 +122,8 @@ class HostTarget:
     # The Python named for the host (--python, the config entry, $EAGLEWATCH_REMOTE_PYTHON); None when none is.
     # It runs the agent, and an ``eaglewatch …`` job too, which must then find vLLM and torch there.
     named_python: Optional[str] = None
+    # Where the runs launched here send their alerts (config.Config.alerts_for), or None.
+    alerts: Optional[dict] = None
 
 
 def resolve_host(args: argparse.Namespace, host: Optional[str] = None,
@@ -149,7 +151,7 @@ def resolve_host(args: argparse.Namespace, host: Optional[str] = None,
         python=python,
         agent_env=tuple(agent_env.items()),
     )
-    target = HostTarget(name, entry.target, args.run_root or entry.run_root, options, named)
+    target = HostTarget(name, entry.target, args.run_root or entry.run_root, options, named, cfg.alerts_for(name))
     warn_ssh_config(target)
     return target
 

@@ -53,9 +53,10 @@ def command_of(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
 
 def start(connection: "Connection", args: argparse.Namespace, argv: list[str], env: dict[str, str]) -> RunSummary:
     """Launch the run; its id (or, with --json, its summary) goes to stdout, where it runs to stderr."""
-    python = _common.resolve_host(args).named_python
-    summary = _common.agent_call(connection.launch, argv, cwd=args.cwd, env=env, name=args.name, python=python,
-                                 installed=bool(getattr(args, "installed", False)))
+    target = _common.resolve_host(args)
+    summary = _common.agent_call(connection.launch, argv, cwd=args.cwd, env=env, name=args.name,
+                                 python=target.named_python, installed=bool(getattr(args, "installed", False)),
+                                 alerts=target.alerts)
     if args.json:
         print(json.dumps(summary, ensure_ascii=True))
     else:

@@ -302,10 +302,14 @@ class Connection:
         name: str | None = None,
         python: str | None = None,
         installed: bool = False,
+        alerts: dict[str, Any] | None = None,
     ) -> RunSummary:
         """``python``: the host's interpreter for an ``eaglewatch …`` job (else the agent finds one);
-        ``installed``: run the host's installed eaglewatch instead of the agent's own copy."""
+        ``installed``: run the host's installed eaglewatch instead of the agent's own copy; ``alerts``: where the
+        run's supervisor sends its alerts (config.Alerts.record)."""
         args: dict[str, Any] = {"argv": list(argv)}
+        if alerts:
+            args["alerts"] = dict(alerts)
         if python is not None:
             args["python"] = python
         if installed:
@@ -372,6 +376,11 @@ class Connection:
     def gpu_history(self, run: str, limit: int = 60) -> list[dict[str, Any]]:
         """The run's recorded GPU samples, oldest first (kept on the host by its supervisor)."""
         return list(self.request(p.OP_GPU_HISTORY, run=run, limit=limit).get("samples") or [])
+
+    def stacks(self, run: str, saved: bool = False) -> dict[str, Any]:
+        """Where every process of the run is now (its Python stacks, all threads), or with ``saved`` the last
+        stacks taken (by its supervisor at a stall). Taking them again is harmless: retried."""
+        return self.request(p.OP_STACKS, retry=True, run=run, saved=saved)
 
     def telemetry(self, interval_s: float) -> dict[str, Any]:
         """Start (interval_s > 0) or stop telemetry; samples arrive as Telemetry items on host_items."""

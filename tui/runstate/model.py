@@ -130,6 +130,10 @@ class RunModel:
         self._load_step: Optional[tuple[str, float]] = None  # the job's latest logger line before extraction
         self._drafter_lanes: set[str] = set()  # lanes whose engine said it loads the drafter (see _DRAFTER_LOAD)
         self._last_progress_at = clock()
+        self._last_output_at = clock()  # a job that says no phase (a plain script) stalls when it prints nothing
+        # Where each process is (the agent's ``stacks``): taken when the stall alert fires, or when asked (a key).
+        self._stacks: Optional[dict[str, Any]] = None
+        self._stacks_wanted = False
         self._bar_notes: dict[tuple[str, str], tuple[float, bool]] = {}
         self._tail: deque[LogLine] = deque(maxlen=thresholds.log_tail)
         self._seq = 0
@@ -196,6 +200,8 @@ class RunModel:
 
     def feed_log(self, data: bytes) -> None:
         with self.lock:
+            if data:
+                self._last_output_at = self.clock()
             self._take(self.decoder.feed(data))
             self._check()
 
@@ -265,6 +271,7 @@ class RunModel:
 
     def feed_event(self, event: dict[str, Any]) -> None:
         with self.lock:
+            self._last_output_at = self.clock()
             kind = event.get("kind")
             if kind == p.EVENT_PHASE:
                 self._phase = str(event.get("phase") or "")
@@ -386,9 +393,41 @@ class RunModel:
         return self._job_state in (None, p.JOB_STARTING, p.JOB_RUNNING)
 
     def _is_stalled(self) -> bool:
-        if not self._running() or self._phase not in (p.PHASE_LOADING, p.PHASE_EXTRACTING, p.PHASE_VALIDATING):
+        if not self._running():
+            return False
+        if not self._phase:
+            # A job that says no phase (a plain script, a trainer): no output and no event for the stall time.
+            return (self._job_state == p.JOB_RUNNING
+                    and self.clock() - self._last_output_at >= self.thresholds.stall_after_s)
+        if self._phase not in (p.PHASE_LOADING, p.PHASE_EXTRACTING, p.PHASE_VALIDATING):
             return False
         return self.clock() - self._last_progress_at >= self.thresholds.stall_after_s
+
+    # ------------------------------------------------------------------ stacks (the agent's ``stacks``)
+
+    def want_stacks(self) -> None:
+        """Ask the feed to take the stacks of every process of the run (the screen's key)."""
+        with self.lock:
+            self._stacks_wanted = True
+
+    def take_stacks_request(self) -> bool:
+        """Whether stacks were asked for since the last call (the feed's loop takes them then)."""
+        with self.lock:
+            wanted, self._stacks_wanted = self._stacks_wanted, False
+            return wanted
+
+    def feed_stacks(self, taken: Optional[dict[str, Any]], error: str = "") -> None:
+        """The stacks the agent sent (or why there are none), kept until the next are taken."""
+        with self.lock:
+            if taken is not None:
+                self._stacks = taken
+            else:
+                self._stacks = {"processes": [], "error": error, "taken_at": None}
+            self._changed()
+
+    def stacks(self) -> Optional[dict[str, Any]]:
+        with self.lock:
+            return self._stacks
 
     def _output_bytes_to_go(self) -> Optional[int]:
         """What the rest of the extraction will write, from what it has written so far (None before the first
@@ -442,7 +481,9 @@ class RunModel:
         stalled = self._is_stalled()
         if stalled and not self._stalled:
             minutes = self.thresholds.stall_after_s / 60
-            self._alert(ALERT_STALL, "warning", f"no progress for {minutes:g} min while {self._phase}")
+            doing = f"while {self._phase}" if self._phase else "(no output)"
+            self._alert(ALERT_STALL, "warning", f"no progress for {minutes:g} min {doing}; taking the stacks (k)")
+            self._stacks_wanted = True  # where each process is, there when the operator looks
         if stalled != self._stalled:
             self._stalled = stalled
             self._changed()

@@ -12,6 +12,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
+from eaglewatch.decode import stackgroups
 from eaglewatch.safetext import safe_text
 from eaglewatch.tui.app.widgets import render
 from eaglewatch.tui.runstate import FailureView
@@ -186,6 +187,52 @@ class TracebackScreen(ModalScreen[None]):
         self.failure = now
         self.query_one("#traceback-title", Label).update(self._title())
         self.query_one("#traceback", Static).update(render.traceback_text(now))
+
+    def action_close(self) -> None:
+        self.dismiss(None)
+
+
+class StacksScreen(ModalScreen[None]):
+    """Where every process of the run is: the stacks the feed took (at the stall alert, or on ``k``), grouped by
+    rank (decode/stackgroups.py, the text ``eaglewatch stacks`` prints). ``k`` again takes them anew; it follows the
+    model while open, so new stacks show when they arrive."""
+
+    BINDINGS = [Binding("escape,q", "close", "close"), Binding("k", "again", "take again"),
+                Binding("a", "all_threads", "all threads")]
+    FOLLOW_HZ = 4
+
+    def __init__(self, latest: Callable[[], Optional[dict]], again: Callable[[], None]) -> None:
+        super().__init__(classes="dialog-screen")
+        self.latest = latest
+        self.again = again
+        self.shown: object = object()
+        self.all_threads = False
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog full"):
+            yield Label("stacks of every process (k: take again · a: all threads · Esc closes)", classes="title",
+                        markup=False)
+            with VerticalScroll(id="stacks-scroll"):
+                yield Static("", id="stacks", markup=False)
+
+    def on_mount(self) -> None:
+        self._follow()
+        self.set_interval(1 / self.FOLLOW_HZ, self._follow)
+
+    def _follow(self, force: bool = False) -> None:
+        taken = self.latest()
+        if taken is self.shown and not force:
+            return
+        self.shown = taken
+        self.query_one("#stacks", Static).update(Text("\n".join(stackgroups.report(taken, self.all_threads))))
+
+    def action_again(self) -> None:
+        self.again()
+        self.app.notify("taking the stacks of every process of the run", timeout=3)
+
+    def action_all_threads(self) -> None:
+        self.all_threads = not self.all_threads
+        self._follow(force=True)
 
     def action_close(self) -> None:
         self.dismiss(None)

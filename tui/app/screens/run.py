@@ -23,7 +23,13 @@ from eaglewatch import protocol as p
 from eaglewatch.safetext import safe_text
 from eaglewatch.tui.app import gcpolicy, saved
 from eaglewatch.tui.app.feed import follow_run
-from eaglewatch.tui.app.screens.dialogs import ConfirmScreen, HelpScreen, RestartScreen, TracebackScreen
+from eaglewatch.tui.app.screens.dialogs import (
+    ConfirmScreen,
+    HelpScreen,
+    RestartScreen,
+    StacksScreen,
+    TracebackScreen,
+)
 from eaglewatch.tui.app.widgets.panels import (
     ExtractionPanel,
     FailurePanel,
@@ -51,6 +57,7 @@ HELP_ROWS = [
     ("l", "full-screen log (again, or Esc, to go back)"),
     ("f", "failures, root cause first; Enter opens the full traceback"),
     ("g", "GPUs: memory, use, temperature, power, processes by rank"),
+    ("k", "stacks: where every process is, grouped by rank (taken at a stall too)"),
     ("/", "search the log, matches marked (Enter keeps, Esc clears)"),
     ("] [", "in the log: next, previous match of the search"),
     ("&", "in the log: only the matching lines (again: all lines)"),
@@ -79,6 +86,7 @@ class RunScreen(Screen):
         Binding("l", "toggle_max('log')", "log"),
         Binding("f", "toggle_max('failures')", "failures"),
         Binding("g", "toggle_max('gpus')", "GPUs"),
+        Binding("k", "stacks", "stacks", show=False),
         Binding("slash", "search", "search"),
         Binding("question_mark", "help", "help"),
         Binding("q", "detach", "detach"),
@@ -238,6 +246,14 @@ class RunScreen(Screen):
         if isinstance(widget, GpuPanel) and widget.view is not None:
             widget.show(widget.view)
         self.query_one(FailurePanel).relabel()
+
+    def action_stacks(self) -> None:
+        if self.dash.connection is None or self.run_id is None:
+            self.app.notify("no live run to take the stacks of", severity="warning")
+            return
+        if self.model.stacks() is None:
+            self.model.want_stacks()
+        self.app.push_screen(StacksScreen(self.model.stacks, self.model.want_stacks))
 
     def action_search(self) -> None:
         box = self.query_one("#search", Input)
