@@ -412,8 +412,7 @@ def _all_other_threads(g: StackGroup, others: list[tuple[Record, Record]]) -> li
     for members in same.values():
         thread = members[0][1]
         names = {str(t.get("name") or "") for _, t in members}
-        name = safe_text(names.pop()) if len(names) == 1 else f"{len(members)} threads"
-        parts = [f"  thread {name}"]
+        parts = [f"  thread {safe_text(names.pop())}" if len(names) == 1 else f"  {len(members)} threads"]
         if len(g.processes) > 1:
             parts.append(label(sorted({id(r): r for r, _ in members}.values(), key=_order)))
         parts.append(_stuck(where(thread)))
