@@ -68,11 +68,22 @@ def test_the_docs_table_lists_every_row() -> None:
 
 
 def test_a_usage_error_needs_its_usage_line() -> None:
-    alone = b"TRL CLI: error: argument command: invalid choice: 'vllm-serve'\n"
+    """``PROG: error: ...`` in a program's own words is a usage error only after argparse's ``usage:`` line;
+    argparse's own wordings (the ``argparse-error`` row) are one without it."""
+    alone = b"TRL CLI: error: no config file was found in the working directory\n"
     _, state = decode_bytes(alone)
     assert not state.failures_ranked()
     _, state = decode_bytes(b"usage: trl\n" + b"noise\n" * 50 + alone)
     assert not state.failures_ranked()  # too far from its usage line
+    _, state = decode_bytes(b"usage: trl\n" + alone)
+    assert [(g.exc_type, g.basis) for g in state.failures_ranked()] == [("Usage error", "command-line usage error")]
+    for line in (b"TRL CLI: error: argument command: invalid choice: 'vllm-serve' (choose from 'chat', 'sft')",
+                 b"vllm: error: unrecognized arguments: --config",
+                 b"train.py: error: the following arguments are required: --model_name_or_path",
+                 b"serve: error: argument --port: invalid int value: 'abc'"):
+        _, state = decode_bytes(line + b"\n")
+        found = [(g.exc_type, g.basis) for g in state.failures_ranked()]
+        assert found == [("Usage error", "argparse error line")], line
 
 
 def test_the_start_gate_is_made_of_the_start_rules() -> None:

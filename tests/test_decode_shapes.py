@@ -4,6 +4,7 @@ confidence, and failures shown at once (provisional) and then refined."""
 from __future__ import annotations
 
 from eaglewatch.decode import Decoder, FailureGroup, ProvisionalFailure, TracebackEvent, decode_bytes
+from eaglewatch.decode.exclass import class_from_message
 from eaglewatch.decode.report import render_text, to_dict
 
 SP = "/usr/local/lib/python3.12/dist-packages"
@@ -311,3 +312,99 @@ def test_native_line_glued_to_a_log_line_and_a_crashed_worker() -> None:
     crashed = root_of("(EngineCore pid=3) ERROR 09-10 09:37:41 [m.py:1] Worker proc VllmWorker-0 died unexpectedly "
                       "(exitcode=-11)\nRuntimeError: Engine core initialization failed. See root cause above.\n")
     assert crashed.first.signal == "SIGSEGV" and crashed.tier == 0
+
+
+def test_an_exception_line_quoted_whole_in_a_sentence() -> None:
+    # AUTOMATIC1111/stable-diffusion-webui#2986 (held-out set 18)
+    line = ('Hello. I installed Stable Diffusion on a machine with an A5000 graphics card. But I get the error '
+            '"RuntimeError: CUDA error: all CUDA-capable devices are busy or unavailable".')
+    root = root_of(line + "\n    not part of it\n")
+    assert (root.exc_type, root.message) == ("RuntimeError", "CUDA error: all CUDA-capable devices are busy or "
+                                                             "unavailable")
+    assert root.basis == "exception line quoted in a sentence" and root.confidence == "likely"
+    assert root.first.context is not None and root.first.context.endswith("But I get the error")
+    glued = root_of('It stops with the message"ValueError: bad value", then nothing.\n')
+    assert (glued.exc_type, glued.message) == ("ValueError", "bad value")
+
+
+def test_a_quoted_exception_that_is_a_value_is_not_a_failure() -> None:
+    for line in ('message = "ValueError: bad value"',
+                 '{"error": "ValueError: bad value", "code": 3}',
+                 "{'error': \"ValueError: bad value\"}",
+                 'logger.error(f"RuntimeError: {e}")',
+                 'print("ValueError: bad value")',
+                 'retries=3 last="ValueError: bad value" next=4',
+                 'right  some-log: "ValueError: bad value" (kind traceback, signal None); expected ValueError',
+                 'INFO 11-30 01:28:09 [x.py:1] I get "RuntimeError: CUDA error: busy" now and then, carrying on.'):
+        _, state = decode_bytes((line + "\n").encode())
+        assert state.failures_ranked() == [], line
+    _, state = decode_bytes(b'WARNING 11-30 01:28:09 [x.py:1] retrying after "RuntimeError: CUDA error: busy".\n')
+    assert state.failures_ranked() == [] and [w.exc_type for w in state.warnings_ranked()] == ["RuntimeError"]
+
+
+def test_uniq_count_column_in_front_of_a_line() -> None:
+    # kohya-ss/sd-scripts#2029 (held-out set 18): grep ... | sort | uniq -c
+    text = ("(0) sebastiaan@almavm:sd-scripts $ grep debug*.log -he 'torch.OutOfMemoryError' | sort | uniq -c\n"
+            "      2 [rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.99 GiB.\n")
+    root = root_of(text)
+    assert (root.exc_type, root.lanes) == ("torch.OutOfMemoryError", ["rank0"])
+    bsd = root_of("   3 ValueError: bad value\n")  # BSD's uniq pads to 4 columns, and no prefix after it
+    assert (bsd.exc_type, bsd.message) == ("ValueError", "bad value")
+    for line in ("      1 import torch", "   12 items ValueError: x", "      3 INFO = 20"):
+        _, state = decode_bytes((line + "\n").encode())
+        assert state.failures_ranked() == [], line
+
+
+def test_tgi_launcher_signal_notice() -> None:
+    line = ("2024-07-16T08:22:10.123456Z ERROR shard-manager: text_generation_launcher: Shard process was "
+            "signaled to shutdown with signal 4 rank=0\n"
+            "2024-07-16T08:22:10.223456Z ERROR text_generation_launcher: Shard 0 failed to start\n")
+    root = root_of(line)
+    assert (root.exc_type, root.first.signal, root.first.origin) == ("Illegal instruction", "SIGILL", "rank0")
+    assert root_of("Error: Download process was signaled to shutdown with signal 7: \n").exc_type == "Bus error"
+    # The shard's own traceback, which the launcher prints before the notice, is the root cause.
+    text = ("2024-07-16T08:22:10.123456Z ERROR shard-manager: text_generation_launcher: Shard complete standard "
+            "error output:\n\n"
+            "Traceback (most recent call last):\n"
+            '  File "/opt/conda/bin/text-generation-server", line 8, in <module>\n'
+            "    sys.exit(app())\n"
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+            " rank=0\n"
+            "2024-07-16T08:22:10.123456Z ERROR shard-manager: text_generation_launcher: Shard process was "
+            "signaled to shutdown with signal 6 rank=0\n")
+    _, state = decode_bytes(text.encode())
+    failures = state.failures_ranked()
+    assert [g.exc_type for g in failures] == ["torch.OutOfMemoryError", "Aborted"] and failures[1].tier == 1
+
+
+def test_torch_check_without_its_class() -> None:
+    # hiyouga/LlamaFactory#2949 (held-out set 18)
+    line = ("deepspeed --num_gpus 2 src/train_bash.py --deepspeed examples/deepspeed/ds_z3_config.json  get the "
+            "error:Expected is_sm80 || is_sm90 to be true, but got false\n")
+    root = root_of(line)
+    assert (root.exc_type, root.message) == ("RuntimeError", "Expected is_sm80 || is_sm90 to be true, but got false")
+    # Logged at INFO it was handled; the same message behind its class is the exception line, read once.
+    _, state = decode_bytes(b"INFO 01-02 03:04:05 [attn.py:9] flash kernels off (Expected is_sm80 || is_sm90 to be "
+                            b"true, but got false), using SDPA\n")
+    assert state.failures_ranked() == []
+    full = ("Traceback (most recent call last):\n"
+            '  File "/x/train.py", line 3, in <module>\n'
+            "    main()\n"
+            "RuntimeError: Expected is_sm80 || is_sm90 to be true, but got false.  (Could this error message be "
+            "improved?  If so, please report an enhancement request to PyTorch.)\n")
+    _, state = decode_bytes(full.encode())
+    assert [(g.exc_type, g.basis) for g in state.failures_ranked()] == [("RuntimeError", "complete traceback")]
+    # A wrapper that quotes it without its class quotes a RuntimeError.
+    assert class_from_message("Expected is_sm80 || is_sm90 to be true, but got false") == "RuntimeError"
+
+
+def test_a_module_error_class_alone_and_in_a_traceback() -> None:
+    # TencentARC/SmartEdit#37 (held-out set 17)
+    root = root_of("struct.error: unpack_from requires a buffer of at least 5 bytes for unpacking 5 bytes at "
+                   "offset 0 (actual buffer size is 0)\n")
+    assert root.exc_type == "struct.error" and root.message.startswith("unpack_from requires a buffer")
+    full = root_of("Traceback (most recent call last):\n"
+                   '  File "/x/data.py", line 3, in <module>\n'
+                   "    base64.b64decode(s)\n"
+                   "binascii.Error: Incorrect padding\n")
+    assert (full.exc_type, full.confidence) == ("binascii.Error", "certain")

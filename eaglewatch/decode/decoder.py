@@ -63,8 +63,12 @@ _OUTER = re.compile(
     r"|[A-Za-z][\w.\-]* {2,}\| "
     # a viewer's line numbers ("[80746] "), a timestamp without zone, a compose column: only before a lane
     # prefix or a level
-    r"|(?:\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?\s+(?:>>\s*)?|[A-Za-z][\w.\-]*\s+\|\s|\[\d{1,9}\] +)"
+    r"|(?:\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?\s+(?:>>\s*)?|[A-Za-z][\w.\-]*\s+\|\s|\[\d{1,9}\] +"
+    # "uniq -c"'s count column, right-aligned ("      2 [rank0]: torch.OutOfMemoryError: ...")
+    r"| {0,6}\d{1,9} )"
     r"(?=\((?:[A-Za-z_][\w.\- =]*)?pid=\d+|\[rank\d+\]:|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) )"
+    # ... also before an exception line of its own ("      3 torch.OutOfMemoryError: CUDA out of memory. ...")
+    r"| {0,6}\d{1,9} (?=(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception): )"
 )
 # Escape sequences written out as text: syslog's "#033[0;36m", a pager's "^[[0;36m".
 _TEXT_ESCAPES = re.compile(r"(?:#033|\^\[)\[[0-9;]*[A-Za-z]")
@@ -99,6 +103,9 @@ def _outer_ahead(text: str, first: str) -> bool:
     """Cheap test: could a collector's prefix (see _OUTER) start this segment?"""
     if "0" <= first <= "9":
         return True
+    if first == " ":
+        # uniq -c's count, right-aligned: GNU's in 7 columns, BSD's in 4
+        return "0" <= text[6:7] <= "9" or "0" <= text[3:4] <= "9"
     if first == "[":
         return "0" <= text[1:2] <= "9"
     if "A" <= first <= "Z":

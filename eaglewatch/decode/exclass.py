@@ -13,6 +13,8 @@ _CLASS_BY_MESSAGE = (
     (re.compile(r"object has no attribute '|^module '[^']+' has no attribute '"), "AttributeError"),
     (re.compile(r"^(?:CUDA|HIP|NCCL|cuDNN|CUBLAS) error\b|^NCCL error"), "RuntimeError"),
     (re.compile(r"^shape '\[[^\]]*\]' is invalid for input of size \d+"), "RuntimeError"),
+    # c10's TORCH_CHECK with no message of its own (a c10::Error, which Python sees as a RuntimeError)
+    (re.compile(r"^Expected \S.* to be true, but got false"), "RuntimeError"),
     (re.compile(r"^CUDA out of memory"), "torch.OutOfMemoryError"),
     (re.compile(r"^No module named '"), "ModuleNotFoundError"),
     (re.compile(r"index out of range$"), "IndexError"),

@@ -20,8 +20,10 @@ import re
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Optional
 
+from eaglewatch.decode.deaths import signal_name
 from eaglewatch.decode.events import (
     KIND_NATIVE,
+    KIND_TRACEBACK,
     KIND_WATCHDOG,
     LIKELY,
     ExceptionRecord,
@@ -40,6 +42,13 @@ RAY_NODE_DIED = "Ray node died"
 USAGE_ERROR = "Usage error"
 CHECK_FAILED = "Check failed"
 RAY_MEMORY_KILL = "Killed by Ray's memory monitor"
+TORCH_CHECK_TYPE = "RuntimeError"  # the class a failed TORCH_CHECK raises (c10::Error, as Python sees it)
+# What a death by each signal is called (a shell's words), by its Linux number: a launcher that reports a child's
+# signal by number ran it on Linux, whatever machine reads the log.
+_LINUX_SIGNALS = {4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
+_SIGNAL_DEATH = {"SIGSEGV": "Segmentation fault", "SIGBUS": "Bus error", "SIGILL": "Illegal instruction",
+                 "SIGFPE": "Floating point exception", "SIGABRT": "Aborted", "SIGKILL": "Killed",
+                 "SIGTERM": "Terminated"}
 
 
 class Reading(NamedTuple):
@@ -69,6 +78,7 @@ class Shape:
     every: bool = False  # one failure per match: a line can carry several ranks' reports run together
     after: Optional[str] = None  # only after a line of this lane that starts with this
     after_within: int = 40  # ... at most this many of its lines before
+    quiet_too: bool = True  # also a failure on a line logged at INFO or DEBUG (a collector's level, say)
 
     def matches(self, msg: str) -> list[re.Match[str]]:
         if self.every:
@@ -166,6 +176,17 @@ def _usage(found: re.Match[str], msg: str) -> Reading:
 
 def _library(found: re.Match[str], msg: str) -> Reading:
     return Reading(f"{found.group('lib')} error", found.group("msg").strip())
+
+
+def _signalled(found: re.Match[str], msg: str) -> Reading:
+    number = int(found.group("num"))
+    name = _LINUX_SIGNALS.get(number) or signal_name(str(number)) or f"signal {number}"
+    return Reading(_SIGNAL_DEATH.get(name, f"Killed by {name}"), found.group("notice"), signal=name,
+                   rank=found.group("rank"))
+
+
+def _torch_check(found: re.Match[str], msg: str) -> Reading:
+    return Reading(TORCH_CHECK_TYPE, found.group(0).strip())
 
 
 _RAY_STATUS = re.compile(r"\b(?P<status>IOError|Invalid|NotFound|TimedOut|OutOfMemory|ObjectStoreFull|OutOfDisk"
@@ -271,11 +292,32 @@ SHAPES: tuple[Shape, ...] = (
         _usage, "command-line usage error", ("https://github.com/huggingface/trl/issues/3139",),
         anchored=True, after="usage: "),
     Shape(
+        "argparse-error", "argparse's own words for a refused command line, with or without its usage line",
+        (": error: ",),
+        re.compile(r"^(?P<prog>[\w.\- ]{1,60}): error: (?P<msg>(?:unrecognized arguments: "
+                   r"|the following arguments are required: |ambiguous option: |one of the arguments "
+                   r"|argument [^:]{1,80}: (?:invalid choice: |invalid \w+ value: |expected (?:one|at most one"
+                   r"|at least one|\d+) arguments?|not allowed with argument ))\S.*)"),
+        _usage, "argparse error line", ("https://github.com/vllm-project/vllm/issues/8273",), anchored=True),
+    Shape(
         "rocm-blas-error", "ROCm's BLAS libraries' error line: no GEMM can run after it",
         ("las error", "LAS error", "laslt error", "LASLt error", "LASLT error"),
         re.compile(r"(?P<lib>roc[Bb][Ll][Aa][Ss](?:[Ll][Tt])?|hip[Bb][Ll][Aa][Ss](?:[Ll][Tt])?) error: (?P<msg>\S.*)"),
         _library, "native library error line (no Python exception)",
         ("https://github.com/pytorch/pytorch/issues/137695",), window=400),
+    Shape(
+        "tgi-signalled", "text-generation-inference's launcher: a shard (or the weights' download) died of a signal",
+        ("signaled",),
+        re.compile(r"(?P<notice>(?:Shard|Download) process was signaled to shutdown with signal (?P<num>\d+))"
+                   r"(?:[^\n]*? rank=(?P<rank>\d+))?"),
+        _signalled, "launcher's notice of a death by signal",
+        ("https://github.com/huggingface/text-generation-inference/issues/2293",), window=2000),
+    Shape(
+        "torch-check-expected", "a TORCH_CHECK with no message of its own, its class (RuntimeError) not printed",
+        ("got false",),
+        re.compile(r"\bExpected \S.{0,300}? to be true, but got false\b"),
+        _torch_check, "TORCH_CHECK message without its class (raised as RuntimeError)",
+        ("https://github.com/hiyouga/LlamaFactory/issues/2949",), kind=KIND_TRACEBACK, quiet_too=False),
 )
 
 
@@ -310,6 +352,9 @@ MARKERS: tuple[str, ...] = tuple(sorted({shape.after for shape in SHAPES if shap
 MARKER_FIRST = frozenset(marker[0] for marker in MARKERS)  # so that most lines are passed over with one test
 
 
+_QUIET_LEVELS = frozenset({"INFO", "DEBUG"})
+
+
 def line_failures(
     msg: str, lane: str, line_no: int, level: Optional[str], time: Optional[str], source: Optional[str],
     pid: Optional[int], lane_rank: Optional[int], seen: Optional[dict[str, int]] = None,
@@ -320,6 +365,8 @@ def line_failures(
         return []
     for shape, holds in _SHAPE_TESTS:
         if not holds(msg):
+            continue
+        if not shape.quiet_too and level in _QUIET_LEVELS:
             continue
         if shape.after is not None:
             at = (seen or {}).get(shape.after)

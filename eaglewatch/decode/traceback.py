@@ -65,6 +65,7 @@ TRIGGERS = (TB_START, FATAL_START, ABORT_START, "  + " + EG_MARK, "+ " + EG_MARK
 BASIS_COMPLETE = "complete traceback"
 BASIS_FRAGMENT = "from a fragment (no Traceback header)"
 BASIS_BARE = "exception line without traceback header"
+BASIS_QUOTED = "exception line quoted in a sentence"
 BASIS_CUT = "traceback cut off before its exception line"
 BASIS_CHAIN_CUT = "chained part cut off"
 BASIS_JOINED = "header and frames joined across lanes"
@@ -88,6 +89,14 @@ _BARE_INSIDE = re.compile(r"(?<![A-Za-z0-9_.])(?<!::)(?P<type>" + _EXC_NAME + r"
 # A class whose name says nothing of errors (pyarrow.lib.PlasmaStoreFull, torch._dynamo.exc.Unsupported): only at
 # the start of a line, with a message, after at least two lowercase module names.
 _DOTTED_AT_START = re.compile(r"(?P<type>(?:[a-z_][a-z0-9_]*\.){2,}_?[A-Z][A-Za-z0-9]*): (?P<msg>\S.*)$")
+# A module's own error class, named in lower case or plainly "Error": struct.error, zlib.error, socket.gaierror,
+# binascii.Error. Only with its module, which says it is one.
+_MODULE_ERROR = re.compile(r"(?!self\.|cls\.)(?:[a-z_][a-z0-9_]*\.)+(?:[a-z]*error|Error)")
+_MODULE_ERROR_AT_START = re.compile(r"(?P<type>" + _MODULE_ERROR.pattern + r"): (?P<msg>\S.*)$")
+# An exception line quoted whole in a sentence: 'But I get the error "RuntimeError: CUDA error: ...".' The quotes
+# close where the sentence ends or goes on in words (not before a bracket: a report's fields, a call's arguments).
+_QUOTED_IN_PROSE = re.compile(r'"(?P<type>' + _EXC_NAME + r'): (?P<msg>[^"]{1,2000})"(?=[.,;:!?]*(?:\s*$|\s+\w))')
+_NOT_PROSE_BEFORE = frozenset("=([{,<|")
 # The first line of a log that begins mid-line: "ecursionError: maximum recursion depth exceeded".
 _CUT_CLASS = re.compile(r"(?P<tail>[a-z]\w*(?:Error|Exception|Interrupt|Exit)): (?P<msg>\S.*)$")
 _BUILTIN_FAILURES = tuple(sorted(
@@ -171,7 +180,8 @@ def exception_line(text: str) -> Optional[tuple[str, str, bool]]:
         return None
     exc_type = found.group("type")
     short = exc_type.split("(")[0].rsplit(".", 1)[-1].lstrip("_")
-    if not short or not short[0].isupper() or (short.isupper() and len(short) > 1) or short in _NOT_TYPES:
+    if not short or ((not short[0].isupper() or (short.isupper() and len(short) > 1) or short in _NOT_TYPES)
+                     and _MODULE_ERROR.fullmatch(exc_type) is None):
         return None
     return exc_type, found.group("msg") or "", bool(found.group("colon"))
 
@@ -198,14 +208,28 @@ def bare_exception(text: str) -> Optional[tuple[str, str, bool, int]]:
     if inside is None or inside.start() > 60 or (text[inside.start() - 1] not in _LABEL_END
                                                  and text[inside.start() - 1] < "\u0370"):
         if text[0].islower() and "." in text[:60]:
-            found = _DOTTED_AT_START.match(text)
+            found = _DOTTED_AT_START.match(text) or _MODULE_ERROR_AT_START.match(text)
             if found is not None:
                 return found.group("type"), found.group("msg"), True, 0
-        return None
+        return quoted_in_prose(text) if '"' in text else None
     start = inside.start()
     if '"' in text[:start] or "File " in text[:start]:
-        return None
+        return quoted_in_prose(text) if '"' in text[:start] else None
     return inside.group("type"), text[inside.end():], True, start
+
+
+def quoted_in_prose(text: str) -> Optional[tuple[str, str, bool, int]]:
+    """An exception line quoted whole in a sentence (``I get the error "RuntimeError: CUDA error: ..."``): the
+    quotes open at the line's start or after a word (a label's colon included), never where a value opens (after
+    ``=``, a bracket, a comma, or a key in quotes), and close where the sentence ends or goes on in words.
+    Returns what :func:`bare_exception` does, the quote's place as where the type starts."""
+    for found in _QUOTED_IN_PROSE.finditer(text, 0, 4000):
+        at = found.start()
+        before = text[:at].rstrip(" ")
+        if before and (before[-1] in _NOT_PROSE_BEFORE or (before[-1] == ":" and before[-2:-1] in ('"', "'"))):
+            continue
+        return found.group("type"), found.group("msg").strip(), True, at
+    return None
 
 
 def cut_class_exception(text: str) -> Optional[tuple[str, str]]:
@@ -594,6 +618,7 @@ class TracebackAssembler(NativeReports):
         if bare is None:
             return False
         exc_type, message, colon, start = bare
+        in_prose = msg[start:start + 1] == '"'  # quoted_in_prose's: a type found by the others starts with a letter
         after_statement = prev_msg is not None and prev_msg.lstrip().startswith(("assert ", "raise "))
         if not colon and not self.prev_indented and not after_statement:
             # "SomethingError" alone on a line, with nothing around it that says traceback (a frame's source
@@ -612,7 +637,7 @@ class TracebackAssembler(NativeReports):
         self.started_by = "exception"
         self.fragment = True
         self.basis = (BASIS_JSON if json_quoted else BASIS_CANN if cann else BASIS_CUT_CLASS if cut_class
-                      else BASIS_FRAGMENT if self.prev_indented else BASIS_BARE)
+                      else BASIS_QUOTED if in_prose else BASIS_FRAGMENT if self.prev_indented else BASIS_BARE)
         self.provisional_due = True
         return True
 
@@ -811,8 +836,8 @@ class TracebackAssembler(NativeReports):
         cur = self.cur
         assert cur is not None
         same_record = self.record_key is not None and (level, time, source) == self.record_key
-        if self.hkey is not None and not same_record:
-            self._finish(out)
+        if (self.hkey is not None and not same_record) or self.basis == BASIS_QUOTED:
+            self._finish(out)  # (a quoted exception line ended at its closing quote)
             return False
         if self.hkey is None and level is not None:
             self._finish(out)
