@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 # What the shared modules may import besides the standard library.
-SHARED = ("eaglewatch.decode", "eaglewatch.protocol", "eaglewatch.errors")
+SHARED = ("eaglewatch.decode", "eaglewatch.protocol", "eaglewatch.errors", "eaglewatch.safetext")
 
 
 def _tool(name: str, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:

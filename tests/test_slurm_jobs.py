@@ -250,3 +250,49 @@ def test_a_job_slurm_no_longer_holds_is_told_from_its_ranks_files(agent: Connect
     assert [(r["sched_state"], r["exit_code"]) for r in forgotten["ranks"]] == told
     assert all(r["node"] == slurm_cluster.node and r["elapsed_s"] is not None for r in forgotten["ranks"])
     assert "scheduler_error" not in forgotten
+
+
+RANK_ALERTS = """\
+import json, os, sys, time
+rank, flag = int(sys.argv[-3]), sys.argv[1]
+if rank == 1:
+    raise ValueError("rank 1 could not read its share")
+with open(os.environ["EAGLEWATCH_EVENTS_FILE"], "a") as events:
+    events.write(json.dumps({"v": 1, "kind": "phase", "t": time.time(), "phase": "extracting"}) + "\\n")
+    events.write(json.dumps({"v": 1, "kind": "progress", "t": time.time(), "done": 1, "total": 100,
+                             "eta_s": 7200}) + "\\n")
+while not os.path.exists(flag):
+    time.sleep(0.1)
+"""
+
+
+def test_each_rank_alerts_from_its_node_a_failure_the_time_limit_and_the_end(
+        agent: Connection, slurm_cluster: SlurmCluster, run_root: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from webhook_support import Webhook
+
+    for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    hook = Webhook()
+    try:
+        flag = tmp_path / "finish"
+        script = tmp_path / "rank.py"
+        script.write_text(RANK_ALERTS)
+        alerts = {"webhook": hook.url, "format": "json", "stall_after_s": 600.0}
+        job = _launch(agent, 2, [sys.executable, str(script), str(flag)], tmp_path, alerts=alerts,
+                      slurm={"cpus_per_task": 1, "time": "5"})
+        late = hook.wait_for(lambda a: a.get("kind") == "time_limit", JOB_WAIT_S, "time limit")
+        assert "ETA 2 h 00 min" in late["title"] and late["eta_s"] == 7200 and late["time_left_s"] <= 300
+        failed = hook.wait_for(lambda a: a.get("kind") == "end" and a.get("outcome") == "failed", JOB_WAIT_S,
+                               "failed rank's end")
+        assert "ValueError: rank 1 could not read its share" in failed["title"]
+        flag.touch()
+        hook.wait_for(lambda a: a.get("kind") == "end" and a.get("outcome") == "finished", JOB_WAIT_S,
+                      "finished rank's end")
+        _wait_job(agent, job["job"], _all_finished, "every rank to finish")
+        # The URL is in the job's alerts.json (its owner's only), in no record and no log.
+        record = (run_root / "jobs" / f"{job['job']}.json").read_text()
+        assert "secret-token" not in record
+        assert (run_root / "jobs" / job["job"] / "alerts.json").stat().st_mode & 0o077 == 0
+    finally:
+        hook.close()

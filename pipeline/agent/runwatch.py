@@ -25,6 +25,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from eaglewatch import protocol as p
@@ -73,9 +74,9 @@ def _positive(value: Any, default: float) -> float:
     return default
 
 
-def read_record(run: RunDir) -> dict[str, Any] | None:
+def read_record(run: RunDir | Path) -> dict[str, Any] | None:
     """alerts.json as written, or None when the launch asked for no alerts (or the file is unreadable)."""
-    path = run.path / ALERTS_FILE
+    path = (run.path if isinstance(run, RunDir) else run) / ALERTS_FILE
     if not path.exists():
         return None
     try:
@@ -91,10 +92,12 @@ def read_settings(run: RunDir) -> AlertSettings | None:
     return None if record is None else AlertSettings.from_record(record)
 
 
-def write_settings(run: RunDir, record: dict[str, Any]) -> None:
-    """alerts.json, readable by its owner only (a webhook's URL is a secret), new beside old then swapped in."""
-    write_json_atomic(run.path / ALERTS_FILE, record)
-    os.chmod(run.path / ALERTS_FILE, 0o600)
+def write_settings(run: RunDir | Path, record: dict[str, Any]) -> None:
+    """alerts.json in a run directory (or a Slurm job's folder, whose ranks copy it), readable by its owner only
+    (a webhook's URL is a secret), new beside old then swapped in."""
+    folder = run.path if isinstance(run, RunDir) else run
+    write_json_atomic(folder / ALERTS_FILE, record)
+    os.chmod(folder / ALERTS_FILE, 0o600)
 
 
 @dataclass

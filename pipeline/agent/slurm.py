@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from eaglewatch.pipeline.agent import jobpython, jobs
+from eaglewatch.pipeline.agent import jobpython, jobs, runwatch
 from eaglewatch.pipeline.agent.rundir import RunDir, is_run_id, new_run_id, read_run_file, write_text_atomic
 from eaglewatch.pipeline.agent.slurm_record import (
     find_job,
@@ -280,6 +280,9 @@ def _submit(root: Path, record: dict[str, Any], runs: dict[int, str], restart_of
     job_id = record["job"]
     folder = job_folder(root, job_id)
     folder.mkdir(parents=True, exist_ok=True)
+    if record.get("_alerts"):
+        # Before any rank can start: each rank's task copies them into its run directory (slurm_task.py).
+        runwatch.write_settings(folder, record.pop("_alerts"))
     script = folder / f"submit-{time.strftime('%Y%m%d-%H%M%S')}-{'-'.join(map(str, sorted(runs)))[:40]}.sh"
     write_text_atomic(script, batch_script(
         job_id=job_id, run_root=str(root), world_size=record["world_size"], runs=runs, command=_command(record),
@@ -346,6 +349,11 @@ def launch(root: Path, args: dict[str, Any]) -> dict[str, Any]:
                     "slurm": options.to_record()},
         "ranks": [],
     }
+    alerts = args.get("alerts")
+    if alerts is not None and not isinstance(alerts, dict):
+        raise jobs.BadRequest("alerts must be an object")
+    if alerts:
+        record["_alerts"] = dict(alerts)  # kept in the job's folder, never in its record (a webhook URL is a secret)
     runs = {rank: _rank_run_id(record, rank) for rank in range(world_size)}
     with locked(root, job_id):
         try:

@@ -32,8 +32,9 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from eaglewatch.pipeline.agent import jobpython, jobs
+from eaglewatch.pipeline.agent import jobpython, jobs, runwatch
 from eaglewatch.pipeline.agent.rundir import NotRegularFile, RunDir, is_run_id, not_regular, write_json_atomic
+from eaglewatch.pipeline.agent.slurm_record import job_folder
 
 RANK_ARG = "--rank"
 WORLD_SIZE_ARG = "--world-size"
@@ -108,6 +109,9 @@ def main(argv: Sequence[str]) -> int:
         record(None)
         return _refused(run, str(exc))
     record(job)
+    alerts = runwatch.read_record(job_folder(Path(args.run_root), args.job))
+    if alerts is not None:
+        runwatch.write_settings(run, alerts)  # the rank's supervisor alerts where the job asked
     supervisor = jobs.start_supervisor(run, jobs.supervisor_env(job, os.environ), detached=False)
     return _exit_like(run, _wait_beating(supervisor, run, every_s))
 

@@ -103,6 +103,10 @@ class HostPool:
         """The Python named for the host (``--python``, its config entry, ``$EAGLEWATCH_REMOTE_PYTHON``)."""
         return _common.resolve_host(self._args_for(host)).named_python
 
+    def alerts_of(self, host: str) -> Optional[dict]:
+        """Where the runs launched on the host send their alerts (the config file's), or None."""
+        return _common.resolve_host(self._args_for(host)).alerts
+
     def close(self) -> None:
         with self._lock:
             self._closed = True

@@ -119,7 +119,8 @@ def launch_rank(pool: HostPool, record: Record, rank: int, host: str) -> RunSumm
     run_name = f"{record.get('name') or record['job']}-rank{rank}"
     return _common.agent_call(connection.launch, rank_argv(argv, rank, int(record["world_size"])),
                               cwd=launch.get("cwd"), env=launch.get("env") or {}, name=run_name,
-                              python=pool.python_of(host), installed=bool(launch.get("installed")))
+                              python=pool.python_of(host), installed=bool(launch.get("installed")),
+                              alerts=pool.alerts_of(host))
 
 
 def launch_slurm(pool: HostPool, store: JobStore, target: str, ranks: int, argv: Sequence[str], *,
@@ -128,7 +129,8 @@ def launch_slurm(pool: HostPool, store: JobStore, target: str, ranks: int, argv:
     """Submit the job through the target's agent; keep its snapshot here as the record of where it lives."""
     connection = pool.get(target)
     snapshot = _common.agent_call(connection.job_launch, argv, ranks=ranks, cwd=cwd, env=env, name=name,
-                                  python=pool.python_of(target), installed=installed, slurm=slurm)
+                                  python=pool.python_of(target), installed=installed, slurm=slurm,
+                                  alerts=pool.alerts_of(target))
     record = dict(snapshot)
     record.setdefault("scheduler", SLURM)
     record["target"] = target  # as the operator wrote it: a named host stays its name

@@ -350,13 +350,16 @@ class Connection:
         python: str | None = None,
         installed: bool = False,
         slurm: dict[str, Any] | None = None,
+        alerts: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Submit one job of ``ranks`` runs; each rank runs ``argv + ["--rank", R, "--world-size", N]``. ``slurm``:
         partition, account, time, gpus_per_task, cpus_per_task, mem (None: the cluster's default) and extra
-        (more sbatch arguments). Not retried: a second submission would be a second job."""
+        (more sbatch arguments); ``alerts``: where each rank's supervisor sends its alerts. Not retried: a second
+        submission would be a second job."""
+        extra: dict[str, Any] = {"alerts": dict(alerts)} if alerts else {}
         return self.request(p.OP_JOB_LAUNCH, scheduler=scheduler, ranks=ranks, argv=list(argv), cwd=cwd,
                             env=dict(env or {}), name=name, python=python, installed=installed,
-                            slurm=dict(slurm or {}))
+                            slurm=dict(slurm or {}), **extra)
 
     def jobs(self) -> list[dict[str, Any]]:
         """The agent's jobs, newest first."""
