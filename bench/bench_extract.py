@@ -38,11 +38,13 @@ FEEDING_RUNS: dict[str, list[str] | None] = {
     "bare": None,
     "default": [],
     "batch16": ["--exact", "--batch-size", "16"],
+    "fp8": ["--storage", "fp8"],
 }
 RUN_TITLES = {
     "bare": "bare vLLM, every prompt in one `generate`",
     "default": "eaglewatch, default flags (stream)",
     "batch16": "eaglewatch `--exact --batch-size 16` (fixed batches)",
+    "fp8": "eaglewatch, default flags, `--storage fp8` (rounded on the GPU)",
 }
 
 

@@ -125,16 +125,31 @@ def fp8_error_tokens(num_tokens: int) -> slice:
     return slice(0, num_tokens, max(1, num_tokens // FP8_ERROR_TOKENS))
 
 
-def fp8_error_record(states: Any, fp8: Any, scales: Any) -> str:
-    """The metadata text of an FP8 file's own rounding error: per layer, the mean and the largest per-token error
-    of the stored values against ``states`` (what the engine computed), over ``fp8_error_tokens``."""
+def fp8_error_stats(states: Any, fp8: Any, scales: Any) -> tuple[Any, Any]:
+    """Per layer, the mean and the largest per-token error of the stored values against ``states`` (what the
+    engine computed), over ``fp8_error_tokens``: two tensors, on the device the states are on (a GPU writer copies
+    them to the host with the values, and formats them there: ``fp8_error_text``)."""
     pick = fp8_error_tokens(states.shape[0])
     errors = relative_token_errors(dequantize_fp8(fp8[pick], scales[pick]), states[pick])
     if errors.numel() == 0:
+        return errors.new_zeros((0,)), errors.new_zeros((0,))
+    return errors.mean(dim=0), errors.amax(dim=0)
+
+
+def fp8_error_text(means: Any, maxes: Any, tokens: int) -> str:
+    """The metadata text of an FP8 file's own rounding error (``FP8_ERROR_KEY``)."""
+    if tokens == 0 or means.numel() == 0:
         return json.dumps({"mean": [], "max": [], "tokens": 0})
-    means, maxes = errors.mean(dim=0).tolist(), errors.amax(dim=0).tolist()
-    return json.dumps({"mean": [float(f"{v:.4g}") for v in means], "max": [float(f"{v:.4g}") for v in maxes],
-                       "tokens": errors.shape[0]}, separators=(",", ":"))
+    return json.dumps({"mean": [float(f"{v:.4g}") for v in means.tolist()],
+                       "max": [float(f"{v:.4g}") for v in maxes.tolist()],
+                       "tokens": len(range(*fp8_error_tokens(tokens).indices(tokens)))}, separators=(",", ":"))
+
+
+def fp8_error_record(states: Any, fp8: Any, scales: Any) -> str:
+    """The metadata text of an FP8 file's own rounding error: per layer, the mean and the largest per-token error
+    of the stored values against ``states`` (what the engine computed), over ``fp8_error_tokens``."""
+    means, maxes = fp8_error_stats(states, fp8, scales)
+    return fp8_error_text(means, maxes, states.shape[0])
 
 
 def encode_storage(tensors: dict[str, Any], storage: str) -> tuple[dict[str, Any], dict[str, str]]:
@@ -151,7 +166,7 @@ def encode_storage(tensors: dict[str, Any], storage: str) -> tuple[dict[str, Any
 
 
 def write_sample_file(path: str | Path, tensors: dict[str, Any], fsync: bool = True,
-                      storage: str = STORAGE_DTYPE) -> int:
+                      storage: str = STORAGE_DTYPE, metadata: dict[str, str] | None = None) -> int:
     """Write torch tensors to ``path`` in safetensors format, atomically; return the bytes written.
 
     The header is built here and each tensor's memory is written as it lies, with no serialised copy of the whole
@@ -160,13 +175,14 @@ def write_sample_file(path: str | Path, tensors: dict[str, Any], fsync: bool = T
     rename (a killed process still never leaves a partial file under a final name) but lets the kernel write the
     data back later: faster when the disk is the bottleneck, not safe against a power loss. ``storage`` is how the
     hidden states are kept (``encode_storage``): every engine's writer comes through here, so every format is
-    written the same way.
+    written the same way. Tensors already encoded (the vLLM writer rounds to FP8 on the GPU) come with
+    ``storage="dtype"`` and their ``metadata`` (the rounding's error record).
     """
     path = str(path)
     tensors, extra_metadata = encode_storage(tensors, storage)
     names = sorted(tensors)
     buffers = []
-    metadata = {"format": "pt", **extra_metadata}
+    metadata = {"format": "pt", **(metadata or {}), **extra_metadata}
     header: dict[str, Any] = {"__metadata__": metadata}
     offset = 0
     raw_of: dict[str, Any] = {}
