@@ -101,7 +101,9 @@ def quantize_fp8(states: Any) -> tuple[Any, Any]:
         amax = torch.zeros(values.shape[0])
     else:  # the largest and the smallest in one pass each: cheaper than abs() then amax(), and the same value
         amax = torch.maximum(flat.amax(dim=1), flat.amin(dim=1).neg())
-    scales = (amax / FP8_MAX).clamp(min=FP8_MIN_SCALE).reshape(-1, *([1] * (values.dim() - 1)))
+    # Divided by a tensor, not a Python number: CUDA divides by a scalar as a multiplication by its reciprocal,
+    # which moves the last bit of some scales, so a GPU's rounding would differ from the host's (and speculators').
+    scales = (amax / torch.full_like(amax, FP8_MAX)).clamp(min=FP8_MIN_SCALE).reshape(-1, *([1] * (values.dim() - 1)))
     return values.div_(scales).to(torch.float8_e4m3fn), scales
 
 

@@ -236,3 +236,16 @@ def test_vllm_connector_writes_fp8_within_fp8_error(tiny_llama, prepared_data, h
     verified = run_cli("verify", out)
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert "fp8 storage, rounding error" in verified.stdout
+
+
+def test_the_error_record_is_the_same_split_in_two_as_a_gpu_writer_makes_it():
+    """A GPU writer measures the error on the device (fp8_error_stats) and words it on the host (fp8_error_text)."""
+    import torch
+
+    from eaglewatch.pipeline.output import fp8_error_record, fp8_error_stats, fp8_error_text
+
+    for tokens in (1, 7, 300):
+        states = (torch.randn(tokens, 3, 64) * 5).to(torch.bfloat16)
+        fp8, scales = quantize_fp8(states)
+        means, maxes = fp8_error_stats(states, fp8, scales)
+        assert fp8_error_text(means, maxes, tokens) == fp8_error_record(states, fp8, scales)
