@@ -154,7 +154,11 @@ def test_memory(tiny_llama, prepared_data, tmp_path):
 
 
 def test_disk(tiny_llama, prepared_data, tmp_path):
-    assert by_name(run_checks(cfg_for(tiny_llama, prepared_data, tmp_path / "out"))[0], "disk").status == PASS
+    roomy = by_name(run_checks(cfg_for(tiny_llama, prepared_data, tmp_path / "out"))[0], "disk")
+    assert roomy.status == PASS
+    # Both storages' sizes, and the time the disk needs at a speed measured there (no scratch file left).
+    assert " in fp8)" in roomy.reason and "of writing at that speed" in roomy.reason, roomy.reason
+    assert not list((tmp_path / "out").glob(".eaglewatch-disk-speed*"))
     mount = tmp_path / "small"
     mount.mkdir()
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)]).returncode:
@@ -194,6 +198,9 @@ def test_disk_counts_what_fp8_storage_writes(tiny_llama, prepared_data, tmp_path
                                             dtype="bfloat16"))[0], "disk")
         as_bf16 = by_name(run_checks(cfg_for(tiny_llama, prepared_data, mount / "out", dtype="bfloat16"))[0], "disk")
         assert as_bf16.status == FAIL and as_fp8.status != FAIL, (as_bf16.reason, as_fp8.reason)
+        # Said plainly: bf16 will not fit, fp8 would, and how to ask for it.
+        assert "bfloat16 will not fit, fp8 would" in as_bf16.reason and "--storage fp8" in as_bf16.fix
+        assert "of writing at that speed" in as_fp8.reason, as_fp8.reason
     finally:
         subprocess.run(["umount", "-l", str(mount)])
 

@@ -14,6 +14,7 @@ from eaglewatch.errors import UserError
 from eaglewatch.pipeline import model_info as mi
 from eaglewatch.pipeline import output
 from eaglewatch.pipeline import plan
+from eaglewatch.pipeline.preflight import disk_speed
 from eaglewatch.pipeline.engines import cpu_build_of_vllm
 from eaglewatch.pipeline.prepared_data import DataReport
 from eaglewatch.pipeline.versions import MIN_VLLM, READ_VLLM, TESTED_VLLM, support_of
@@ -275,6 +276,8 @@ def check_memory(ctx: Context) -> list[CheckResult]:
 
 
 def check_disk(ctx: Context) -> list[CheckResult]:
+    """The output's size in each storage against the free space, and the time the disk needs for it at a speed
+    measured here (disk_speed.py): whether bf16 fits, and whether fp8 would where it does not."""
     info = ctx.info
     assert info is not None and ctx.layer_ids is not None
     out = ctx.cfg.output_path
@@ -283,16 +286,45 @@ def check_disk(ctx: Context) -> list[CheckResult]:
     except UserError as exc:
         return [_fail("disk", exc, "choose a writable --output-dir")]
     dtype = mi.normalise_dtype(ctx.cfg.dtype or info.dtype)
-    # What the files will hold: fp8 storage keeps a byte a value and one scale a token, half of bf16's.
-    need = ctx.tokens * plan.stored_bytes_per_token(len(ctx.layer_ids), info.hidden_size, dtype, ctx.cfg.storage)
+    need = {storage: ctx.tokens * plan.stored_bytes_per_token(len(ctx.layer_ids), info.hidden_size, dtype, storage)
+            for storage in output.STORAGES}
+    chosen, other = ctx.cfg.storage, next(s for s in output.STORAGES if s != ctx.cfg.storage)
     free = shutil.disk_usage(out).free
-    text = f"about {need / 2**30:.2f} GiB of output, {free / 2**30:.1f} GiB free"
-    if free < need * 1.05:
+    speed = disk_speed.measure(out, free)
+    names = {output.STORAGE_DTYPE: dtype, output.STORAGE_FP8: "fp8"}
+    text = (f"{_gb(need[chosen])} of output in {names[chosen]} ({_gb(need[other])} in {names[other]}), "
+            f"{_gb(free)} free")
+    if speed is not None:
+        text += (f"; the disk took {_gb(speed.bytes_per_s)}/s here: {_duration(need[chosen] / speed.bytes_per_s)} of "
+                 f"writing at that speed ({_duration(need[other] / speed.bytes_per_s)} in {names[other]})")
+    else:
+        text += "; the disk's speed could not be measured"
+    if free < need[chosen] * 1.05:
+        if chosen == output.STORAGE_DTYPE and free >= need[output.STORAGE_FP8] * 1.05:
+            return [CheckResult("disk", FAIL, f"{dtype} will not fit, fp8 would: {text}",
+                                "add --storage fp8 (half the bytes; its rounding error is recorded and checked by "
+                                "verify), or free space")]
         return [CheckResult("disk", FAIL, f"not enough disk for the output: {text}",
                             "free space, or split the data with --rank/--world-size across disks")]
-    if free < need * 1.5:
-        return [CheckResult("disk", WARN, text + " (under 1.5x headroom)", "free some space")]
+    if free < need[chosen] * 1.5:
+        fix = "free some space" + (", or add --storage fp8" if chosen == output.STORAGE_DTYPE else "")
+        return [CheckResult("disk", WARN, text + " (under 1.5x headroom)", fix)]
     return [CheckResult("disk", PASS, text)]
+
+
+def _gb(value: float) -> str:
+    if value >= 1e12:
+        return f"{value / 1e12:.2f} TB"
+    return f"{value / 1e9:.0f} GB" if value >= 100e9 else f"{value / 1e9:.2f} GB"
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def check_versions(ctx: Context) -> list[CheckResult]:
