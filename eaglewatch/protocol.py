@@ -24,7 +24,9 @@ SUPPORTED_VERSIONS = frozenset({1})
 
 # --- pipeline events (field "kind") -------------------------------------------------------------
 EVENT_PHASE = "phase"  # phase: one of PHASES; detail: str
-EVENT_PROGRESS = "progress"  # done, total, tokens, bytes, elapsed_s, tokens_per_s, samples_per_s, eta_s
+# done, total, tokens, bytes, elapsed_s, tokens_per_s, samples_per_s, eta_s; recent_tokens_per_s, pace ("disk" or
+# "engine"), writer_wait_share when the engine streams (docs/pipeline.md)
+EVENT_PROGRESS = "progress"
 EVENT_SAMPLE = "sample"  # id, tokens, bytes, file
 EVENT_WARNING = "warning"  # message, code
 EVENT_ERROR = "error"  # message, exc_type, traceback

@@ -21,6 +21,7 @@ import argparse
 import os
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -306,7 +307,8 @@ def _validate_and_extract(cfg: ExtractConfig, lock: OutputLock, events: JobEvent
     report = _Report(events, total=len(plan.samples), done_before=done_before,
                      todo_tokens=sum(s.num_tokens for s in todo_samples),
                      on_landed=lambda sample: _landed(mark, index_of[sample.id], progress),
-                     check=syncer.check if syncer is not None else None)
+                     check=syncer.check if syncer is not None else None,
+                     writer_wait=getattr(engine, "writer_wait_s", None))
     try:
         if cfg.streams:
             _extract_stream(engine, plan, cfg, report, todo_samples)
@@ -485,6 +487,28 @@ def _clear_for_rewrite(plan: Plan, todo: list[Sample]) -> None:
         output.sample_path(plan.output_dir, sample.id).unlink(missing_ok=True)
 
 
+RECENT_S = 60.0  # the window of the recent rate and pace
+WRITER_BOUND_SHARE = 0.5  # waiting on the writer this much of the recent time: the disk sets the pace
+
+
+def recent_pace(recent: "deque[tuple[float, int, float]] | list[tuple[float, int, float]]", measured: bool
+                ) -> tuple[float | None, str | None, float | None]:
+    """(tokens/s over the window, what sets the pace: ``"disk"`` or ``"engine"``, the share of the window the driver
+    waited on the writer alone); Nones before the window holds two looks, and no pace without a measure of the
+    waits (an engine that does not stream)."""
+    if len(recent) < 2:
+        return None, None, None
+    (t0, tok0, w0), (t1, tok1, w1) = recent[0], recent[-1]
+    span = t1 - t0
+    if span <= 0:
+        return None, None, None
+    rate = (tok1 - tok0) / span
+    if not measured:
+        return rate, None, None
+    share = min(1.0, max(0.0, (w1 - w0) / span))
+    return rate, ("disk" if share >= WRITER_BOUND_SHARE else "engine"), share
+
+
 class _Report:
     """What the run tells as files land: a ``sample`` event each, a ``progress`` event at most every
     ``PROGRESS_INTERVAL_S`` (and for the last file), the tqdm bar on stderr, and the figures for the manifest.
@@ -494,8 +518,14 @@ class _Report:
     the stream finishes short samples first, so a rate in samples would promise too soon an end."""
 
     def __init__(self, events: EventLog, total: int, done_before: int, todo_tokens: int,
-                 on_landed: Any = None, check: Any = None) -> None:
+                 on_landed: Any = None, check: Any = None, writer_wait: Any = None) -> None:
         from tqdm import tqdm
+
+        # The recent pace: (time, tokens, seconds the driver waited on the writer only) over the last RECENT_S.
+        # The ETA follows the recent rate (a run slows when the page cache is full and the disk sets the pace),
+        # and the share of that time spent waiting on the writer says which of the two sets it.
+        self.writer_wait = writer_wait
+        self.recent: deque[tuple[float, int, float]] = deque()
 
         self.events, self.total, self.done_before, self.todo_tokens = events, total, done_before, todo_tokens
         self.on_landed, self.check = on_landed, check
@@ -528,11 +558,19 @@ class _Report:
         elapsed = max(now - self.t0, 1e-9)
         done = self.done_before + self.written
         token_rate = self.tokens / elapsed
-        eta = max(self.todo_tokens - self.tokens, 0) / token_rate if token_rate else None
+        waited = float(self.writer_wait()) if callable(self.writer_wait) else None
+        self.recent.append((now, self.tokens, waited or 0.0))
+        while len(self.recent) > 2 and now - self.recent[1][0] >= RECENT_S:
+            self.recent.popleft()
+        recent_rate, pace, share = recent_pace(self.recent, waited is not None)
+        rate = recent_rate if recent_rate else token_rate
+        eta = max(self.todo_tokens - self.tokens, 0) / rate if rate else None
         self.events.emit(protocol.EVENT_PROGRESS, done=done, total=self.total, tokens=self.tokens, bytes=self.nbytes,
                          elapsed_s=round(elapsed, 3), tokens_per_s=round(token_rate, 1),
                          samples_per_s=round(self.written / elapsed, 3),
-                         eta_s=round(eta, 1) if eta is not None else None)
+                         eta_s=round(eta, 1) if eta is not None else None,
+                         recent_tokens_per_s=round(recent_rate, 1) if recent_rate else None,
+                         pace=pace, writer_wait_share=round(share, 3) if share is not None else None)
         self._last_progress = now
         self.bar.update(self._pending_bar)
         self._pending_bar = 0

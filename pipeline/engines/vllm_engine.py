@@ -240,6 +240,7 @@ class VLLMEngine:
 
         engine = self.llm.llm_engine
         feed = _StreamState(samples, paths, window)
+        self._writer_wait = 0.0
         unflushed = False  # a sample finished since the last flush: its write waits for one more step
         idle_delay = 0.001
         while feed.pending():
@@ -269,7 +270,13 @@ class VLLMEngine:
                 yield landed
             elif not stepped:
                 time.sleep(idle_delay)
+                self._writer_wait += time.monotonic() - now  # nothing to compute: the writer (the disk) is behind
                 idle_delay = min(idle_delay * 2, 0.05)
+
+    def writer_wait_s(self) -> float:
+        """Seconds the stream has waited on the writer alone (no request left to compute): what makes the pace
+        the disk's rather than the engine's (extract.recent_pace)."""
+        return getattr(self, "_writer_wait", 0.0)
 
     def _enqueue(self, prompts: list[dict[str, Any]], params: Any) -> None:
         self.llm.enqueue(prompts, params, use_tqdm=False)

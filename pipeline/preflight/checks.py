@@ -313,13 +313,16 @@ def check_disk(ctx: Context) -> list[CheckResult]:
 
 
 def _gb(value: float) -> str:
-    if value >= 1e12:
-        return f"{value / 1e12:.2f} TB"
-    return f"{value / 1e9:.0f} GB" if value >= 100e9 else f"{value / 1e9:.2f} GB"
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
+        if value >= size:
+            return f"{value / size:.0f} {unit}" if value >= 100 * size else f"{value / size:.2f} {unit}"
+    return f"{value / 1e3:.0f} kB"
 
 
 def _duration(seconds: float) -> str:
     seconds = max(0.0, seconds)
+    if seconds < 1:
+        return "under a second"
     if seconds < 90:
         return f"{seconds:.0f} s"
     if seconds < 5400:

@@ -1,10 +1,10 @@
 """How fast the output's disk takes data, measured in a second or two, for the preflight's disk line.
 
 A run at the target's width writes 57 KiB a token; a node extracts tens of thousands of tokens a second, faster
-than many disks. The preflight writes a scratch file beside the output in blocks of up to 8 MiB for about a second (never
-more than 512 MiB, nor more than a twentieth of the free space), makes it durable (``fsync``: the page cache alone
-would measure memory), and deletes it. What it gives is a first figure, not a benchmark: a disk's speed under a
-long run also depends on what else writes to it.
+than many disks. The preflight writes a scratch file beside the output in blocks of up to 8 MiB for about a
+second (never more than 512 MiB, nor more than a twentieth of the free space), makes it durable (``fsync``: the
+page cache alone would measure memory), and deletes it. What it gives is a first figure, not a benchmark: a
+disk's speed under a long run also depends on what else writes to it.
 """
 
 from __future__ import annotations

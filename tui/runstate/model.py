@@ -42,7 +42,7 @@ from eaglewatch.tui.runstate.failures import (
     check_keys,
     failure_view,
 )
-from eaglewatch.tui.runstate.fmt import fmt_argv
+from eaglewatch.tui.runstate.fmt import fmt_argv, fmt_duration
 from eaglewatch.tui.runstate.preflight import Preflight
 from eaglewatch.tui.runstate.view import (
     ALERT_DIR_GONE,
@@ -492,8 +492,10 @@ class RunModel:
             free = _int(self._disk.get("free")) or 0
             to_go = self._output_bytes_to_go()
             needs = f"; the rest of the output needs about {to_go / 1024**3:.1f} GiB" if to_go else ""
+            full_in = _float(self._disk.get("full_in_s"))
+            left = f"; full in {fmt_duration(full_in)} at the current rate" if full_in and full_in > 0 else ""
             self._alert(ALERT_DISK, "warning",
-                        f"low disk space: {free / 1024**3:.1f} GiB free on the output disk{needs}")
+                        f"low disk space: {free / 1024**3:.1f} GiB free on the output disk{needs}{left}")
         if low != self._low_disk:
             self._low_disk = low
             self._changed()
@@ -658,9 +660,11 @@ class RunModel:
             tokens=_int(prog.get("tokens")) or 0,
             tokens_total=_int(info.get("tokens")),
             bytes=_int(prog.get("bytes")) or 0,
-            tokens_per_s=_float(prog.get("tokens_per_s")),
+            # The last minute's rate where the job measures it: what the ETA follows.
+            tokens_per_s=_float(prog.get("recent_tokens_per_s")) or _float(prog.get("tokens_per_s")),
             samples_per_s=_float(prog.get("samples_per_s")),
             eta_s=_float(prog.get("eta_s")) if self._phase == p.PHASE_EXTRACTING else None,
+            pace=str(prog["pace"]) if prog.get("pace") in ("disk", "engine") and self._running() else None,
             disk_free=_int(disk.get("free")),
             disk_total=_int(disk.get("total")),
             disk_full_in_s=_float(disk.get("full_in_s")),

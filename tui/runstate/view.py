@@ -50,6 +50,9 @@ class Extraction:
     bytes_to_go: Optional[int] = None  # what the rest of the extraction will write, estimated
     resumed: int = 0
     failed_samples: Optional[int] = None  # samples a job reported as failed and went past (speculators' err=)
+    # What sets the pace over the last minute: "disk" (the stream waited on the writer most of it) or "engine";
+    # None for an engine that does not stream. tokens_per_s is then the last minute's rate, which the ETA follows.
+    pace: Optional[str] = None
 
 
 @dataclass(frozen=True)

@@ -267,6 +267,8 @@ def extraction_text(view: RunView, width: int) -> Text:
     else:
         figures.append(_figure("written", fmt_bytes(ex.bytes)))
     figures.append(_figure("eta", "done" if view.phase == "done" else fmt_duration(ex.eta_s)))
+    if ex.pace is not None:
+        figures.append(_figure("pace", f"{ex.pace}-bound", "bold yellow" if ex.pace == "disk" else ""))
     if ex.disk_free is not None:
         disk = _figure("disk free", fmt_gb(ex.disk_free), "bold red" if "low disk" in view.marks else "",
                        f" of {fmt_gb(ex.disk_total)}" if ex.disk_total else "")
