@@ -27,6 +27,46 @@ from eaglewatch.tui.connection import Connection
 STALL_MIN = 0.05  # 3 s without output: a stall
 
 
+def cli_stacks(run_root: Path, run: str) -> str:
+    shown = run_cli("stacks", "local", run, "--run-root", run_root, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    return shown.stdout
+
+
+def dashboard_stacks(run_root: Path, run: str, wanted: list[str]) -> str:
+    """The dashboard opened on the running run (Pilot): `k`, then the stacks screen's text once every wanted
+    frame is in it (what the screen holds, scrolled or not: a run of many processes is longer than a screen)."""
+    import asyncio
+
+    pytest.importorskip("textual")
+    from app_support import screen_text, wait_until
+
+    from eaglewatch.tui.app.app import DashboardApp
+    from eaglewatch.tui.app.screens.dialogs import StacksScreen
+    from textual.widgets import Static
+
+    from eaglewatch.tui.app.screens.run import RunScreen
+
+    app = DashboardApp("local", run=run, connect_kwargs={"run_root": str(run_root)}, read_only=True)
+    shown: list[str] = []
+
+    async def scenario():
+        async with app.run_test(size=(120, 36)) as pilot:
+            await wait_until(pilot, lambda: isinstance(app.screen, RunScreen), 60, what="run screen")
+            await pilot.press("k")
+            await wait_until(pilot, lambda: isinstance(app.screen, StacksScreen), 10, what="the stacks screen")
+            def held() -> str:
+                content = str(app.screen.query_one("#stacks", Static).content)
+                return content if all(w in content for w in wanted) else ""
+
+            shown.append(await wait_until(pilot, held, 60, what=f"{wanted}"))
+            assert "stacks of every process" in screen_text(app)
+            app.exit()
+
+    asyncio.run(scenario())
+    return shown[0]
+
+
 @pytest.fixture(autouse=True)
 def _no_proxy(monkeypatch) -> None:
     for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
@@ -152,6 +192,11 @@ def test_two_rank_gloo_job_one_rank_in_all_reduce_the_other_never_joins(run_root
         taken = connection.stacks(summary["run"])
         groups = {g.label: g for g in group(taken["processes"]) if g.frames}
         assert "all_reduce" in groups["rank 0"].where and "never_joins" in groups["rank 1"].where
+        printed = cli_stacks(run_root, summary["run"])
+        assert "rank 0 · " in printed and "stuck in all_reduce (distributed_c10d.py:" in printed, printed
+        assert "rank 1 · " in printed and "stuck in never_joins (two_ranks.py:" in printed, printed
+        assert "parts here" in printed
+        dashboard_stacks(run_root, summary["run"], ["all_reduce (distributed_c10d.py:", "never_joins (two_ranks.py:"])
         # Both ranks run the same script to the branch: the frame where they part is the script's own.
         parting = groups["rank 0"].frames[groups["rank 0"].parts_at]
         assert parting["file"].endswith("two_ranks.py") or "all_reduce" in parting["func"]
@@ -188,6 +233,8 @@ def test_vllm_cpu_extraction_held_in_its_worker(tiny_llama, prepared_data, run_r
         seen = [(g.role, g.label, g.where) for g in groups]
         held = [g for g in groups if "_held_by_injected_fault" in g.where]
         assert held and held[0].role != "main", seen  # the engine's side is held, the client waits on it
+        assert "_held_by_injected_fault (vllm_connector.py:" in cli_stacks(run_root, summary["run"])
+        dashboard_stacks(run_root, summary["run"], ["_held_by_injected_fault (vllm_connector.py:"])
         connection.stop(summary["run"], grace_s=5.0)
     finally:
         connection.close()
