@@ -408,3 +408,68 @@ def test_a_module_error_class_alone_and_in_a_traceback() -> None:
                    "    base64.b64decode(s)\n"
                    "binascii.Error: Incorrect padding\n")
     assert (full.exc_type, full.confidence) == ("binascii.Error", "certain")
+
+
+def test_a_class_made_per_reason() -> None:
+    # NVlabs/imaginaire#56 (held-out set 19): pynvml's NVMLError_<Reason> classes, in an inline code span
+    root = root_of("`pynvml.nvml.NVMLError_LibraryNotFound: NVML Shared Library Not Found`\n")
+    assert (root.exc_type, root.message) == ("pynvml.nvml.NVMLError_LibraryNotFound", "NVML Shared Library Not Found")
+    for line, exc_type in (("pynvml.NVMLError_DriverNotLoaded: Driver Not Loaded", "pynvml.NVMLError_DriverNotLoaded"),
+                           ("NVMLError_Uninitialized: Uninitialized", "NVMLError_Uninitialized"),
+                           ('It fails with "pynvml.NVMLError_GpuIsLost: GPU is lost" after an hour.',
+                            "pynvml.NVMLError_GpuIsLost"),
+                           ("      2 pynvml.NVMLError_NotSupported: Not Supported", "pynvml.NVMLError_NotSupported"),
+                           ("mylib.ClientException_Refused: no reply", "mylib.ClientException_Refused")):
+        assert root_of(line + "\n").exc_type == exc_type, line
+    # ... and ending a traceback, the exception line in markdown bold as a reporter pasted it
+    full = root_of("Traceback (most recent call last):\n"
+                   '  File "/usr/lib/python3/dist-packages/pynvml.py", line 310, in _nvmlCheckReturn\n'
+                   "    raise NVMLError(ret)\n"
+                   "**pynvml.NVMLError_DriverNotLoaded: Driver Not Loaded**\n")
+    assert (full.exc_type, full.message, full.confidence) == ("pynvml.NVMLError_DriverNotLoaded", "Driver Not Loaded",
+                                                              "certain")
+    # Constants and C types with an underscore are not classes.
+    for line in ("CUDA_ERROR_OUT_OF_MEMORY: out of memory", "cudaError_t: 2", "NVML_ERROR_NOT_FOUND: 6",
+                 "MyError_t: x"):
+        _, state = decode_bytes((line + "\n").encode())
+        assert state.failures_ranked() == [], line
+
+
+def test_ctypes_function_not_found_without_its_class() -> None:
+    # bitsandbytes-foundation/bitsandbytes#711 (held-out set 19): bitsandbytes' CUDA setup prints str(e)
+    text = ("bin C:\\Users\\u\\anaconda3\\envs\\e\\lib\\site-packages\\bitsandbytes\\libbitsandbytes_cpu.dll\n"
+            "function 'cadam32bit_grad_fp32' not found\n"
+            "CUDA_SETUP: WARNING! libcudart.so not found in any environmental path. Searching in backup paths...\n")
+    root = root_of(text)
+    assert (root.exc_type, root.message) == ("AttributeError", "function 'cadam32bit_grad_fp32' not found")
+    assert root_of("function ordinal 12 not found\n").exc_type == "AttributeError"
+    # Only the whole line in ctypes' words, and not logged at INFO or DEBUG.
+    for line in ("Error: function 'main' not found in module", "the function 'foo' not found earlier is optional",
+                 "INFO 01-02 03:04:05 [ops.py:9] function 'cadam32bit_grad_fp32' not found"):
+        _, state = decode_bytes((line + "\n").encode())
+        assert state.failures_ranked() == [], line
+    # With its class it is the exception line, read once.
+    _, state = decode_bytes(b"AttributeError: function 'cadam32bit_grad_fp32' not found\n")
+    assert [(g.exc_type, g.basis) for g in state.failures_ranked()] == [
+        ("AttributeError", "exception line without traceback header")]
+    assert class_from_message("function 'cadam32bit_grad_fp32' not found") == "AttributeError"
+
+
+def test_peft_merge_refused_without_its_class() -> None:
+    # huggingface/peft#1704 (held-out set 19): the message quoted in a feature request's sentence
+    line = ("Enable merge_and_unload functionality with ia3 adapters loaded with 4-bit and 8-bit quantization model. "
+            "Currently, merging fails with an error \"Cannot merge ia3 layers when the model is loaded in 4-bit "
+            "mode\" \n")
+    root = root_of(line)
+    assert (root.exc_type, root.message) == ("ValueError", "Cannot merge ia3 layers when the model is loaded in "
+                                                           "4-bit mode")
+    for message in ("Cannot merge LORA layers when the model is loaded in 8-bit mode",
+                    "Cannot merge LOHA layers when the model is gptq quantized",
+                    "Cannot merge layers when the model is gptq quantized",
+                    "Cannot merge OFT layers when base model layers are replicated"):
+        assert (root_of(f"**{message}**\n").exc_type, class_from_message(message)) == ("ValueError", "ValueError")
+    for text in ("INFO 01-02 03:04:05 [merge.py:9] Cannot merge LORA layers when the model is loaded in 8-bit mode, "
+                 "keeping the adapter separate\n",
+                 "Cannot merge the branches: conflict in train.py\n"):
+        _, state = decode_bytes(text.encode())
+        assert state.failures_ranked() == [], text

@@ -104,7 +104,7 @@ def parse_death(
         return None
     if sig is None and not (subject_match or "died unexpectedly" in text or "was killed" in text):
         return None
-    if sig is None and not subject_match and re.match(r"[\w.]*(?:Error|Exception)\b", text):
+    if sig is None and not subject_match and re.match(r"[\w.]*(?:Error|Exception)(?:_[A-Z][A-Za-z0-9]*)?\b", text):
         return None  # an exception's message that mentions a death is the exception's
     subject = subject_match.group("subject") if subject_match else None
     if subject is not None and subject.isdigit():

@@ -43,7 +43,7 @@ from eaglewatch.decode.stackdump import StackDumpReader
 from eaglewatch.decode.stackdump import FIRST_CHARS as DUMP_FIRST_CHARS
 from eaglewatch.decode.stackdump import may_start as may_start_dump
 from eaglewatch.decode.state import DecodeState, LaneState, lane_key
-from eaglewatch.decode.traceback import BASIS_JOINED, TracebackAssembler, may_start, starts_block
+from eaglewatch.decode.traceback import REASON_TAIL, BASIS_JOINED, TracebackAssembler, may_start, starts_block
 
 # Something a collector wrote in front of each line. Unambiguous forms are always removed: an RFC 3339
 # timestamp with its zone (kubectl --timestamps, the CRI "stdout F" form) and a docker compose column with a
@@ -68,7 +68,7 @@ _OUTER = re.compile(
     r"| {0,6}\d{1,9} )"
     r"(?=\((?:[A-Za-z_][\w.\- =]*)?pid=\d+|\[rank\d+\]:|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) )"
     # ... also before an exception line of its own ("      3 torch.OutOfMemoryError: CUDA out of memory. ...")
-    r"| {0,6}\d{1,9} (?=(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception): )"
+    r"| {0,6}\d{1,9} (?=(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)(?:" + REASON_TAIL + r")?: )"
 )
 # Escape sequences written out as text: syslog's "#033[0;36m", a pager's "^[[0;36m".
 _TEXT_ESCAPES = re.compile(r"(?:#033|\^\[)\[[0-9;]*[A-Za-z]")

@@ -15,6 +15,12 @@ _CLASS_BY_MESSAGE = (
     (re.compile(r"^shape '\[[^\]]*\]' is invalid for input of size \d+"), "RuntimeError"),
     # c10's TORCH_CHECK with no message of its own (a c10::Error, which Python sees as a RuntimeError)
     (re.compile(r"^Expected \S.* to be true, but got false"), "RuntimeError"),
+    # ctypes on Windows, for a function the DLL does not export (on Linux its message is dlerror()'s, which an
+    # import or a dlopen prints too)
+    (re.compile(r"^function (?:'[^'\s]+'|ordinal \d+) not found$"), "AttributeError"),
+    # peft's refusal to merge adapters into a quantized or layer-replicated base model
+    (re.compile(r"^Cannot merge (?:[\w-]+ ){0,2}layers when (?:the model is |base model layers are replicated)"),
+     "ValueError"),
     (re.compile(r"^CUDA out of memory"), "torch.OutOfMemoryError"),
     (re.compile(r"^No module named '"), "ModuleNotFoundError"),
     (re.compile(r"index out of range$"), "IndexError"),

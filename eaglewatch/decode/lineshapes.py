@@ -43,6 +43,8 @@ USAGE_ERROR = "Usage error"
 CHECK_FAILED = "Check failed"
 RAY_MEMORY_KILL = "Killed by Ray's memory monitor"
 TORCH_CHECK_TYPE = "RuntimeError"  # the class a failed TORCH_CHECK raises (c10::Error, as Python sees it)
+CTYPES_MISSING_TYPE = "AttributeError"  # the class ctypes raises for a function a library does not export
+PEFT_MERGE_TYPE = "ValueError"  # the class peft raises when it refuses to merge adapters into the base model
 # What a death by each signal is called (a shell's words), by its Linux number: a launcher that reports a child's
 # signal by number ran it on Linux, whatever machine reads the log.
 _LINUX_SIGNALS = {4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
@@ -185,8 +187,10 @@ def _signalled(found: re.Match[str], msg: str) -> Reading:
                    rank=found.group("rank"))
 
 
-def _torch_check(found: re.Match[str], msg: str) -> Reading:
-    return Reading(TORCH_CHECK_TYPE, found.group(0).strip())
+def _whole_match_as(exc_type: str) -> Callable[[re.Match[str], str], Reading]:
+    def read(found: re.Match[str], msg: str) -> Reading:
+        return Reading(exc_type, found.group(0).strip())
+    return read
 
 
 _RAY_STATUS = re.compile(r"\b(?P<status>IOError|Invalid|NotFound|TimedOut|OutOfMemory|ObjectStoreFull|OutOfDisk"
@@ -316,8 +320,22 @@ SHAPES: tuple[Shape, ...] = (
         "torch-check-expected", "a TORCH_CHECK with no message of its own, its class (RuntimeError) not printed",
         ("got false",),
         re.compile(r"\bExpected \S.{0,300}? to be true, but got false\b"),
-        _torch_check, "TORCH_CHECK message without its class (raised as RuntimeError)",
+        _whole_match_as(TORCH_CHECK_TYPE), "TORCH_CHECK message without its class (raised as RuntimeError)",
         ("https://github.com/hiyouga/LlamaFactory/issues/2949",), kind=KIND_TRACEBACK, quiet_too=False),
+    Shape(
+        "ctypes-function-not-found", "ctypes' words for a function a DLL does not export, its class (AttributeError) "
+        "not printed", ("not found",),
+        re.compile(r"function (?:'[^'\s]{1,300}'|ordinal \d{1,5}) not found(?=\s*$)"),
+        _whole_match_as(CTYPES_MISSING_TYPE), "ctypes message without its class (raised as AttributeError)",
+        ("https://github.com/bitsandbytes-foundation/bitsandbytes/issues/711",), kind=KIND_TRACEBACK, anchored=True,
+        quiet_too=False),
+    Shape(
+        "peft-merge-refused", "peft refuses to merge adapters into a quantized (or layer-replicated) base model, its "
+        "class (ValueError) not printed", ("Cannot merge",),
+        re.compile(r"\bCannot merge (?:[\w-]{1,20} ){0,2}layers when (?:the model is (?:loaded in \d{1,2}-bit mode"
+                   r"|gptq quantized)|base model layers are replicated)"),
+        _whole_match_as(PEFT_MERGE_TYPE), "peft message without its class (raised as ValueError)",
+        ("https://github.com/huggingface/peft/issues/1704",), kind=KIND_TRACEBACK, quiet_too=False),
 )
 
 

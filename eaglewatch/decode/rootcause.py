@@ -54,6 +54,7 @@ from eaglewatch.decode.lineshapes import watchdog_key
 from eaglewatch.decode.nativereports import BASIS_BANNER
 from eaglewatch.decode.traceback import (
     BASIS_FAULTHANDLER,
+    REASON_TAIL,
     WATCHDOG_TIMEOUT,
     bare_exception,
     is_watchdog_message,
@@ -104,7 +105,8 @@ _MIN_QUOTE = 16
 
 # "Worker failed with error 'AssertionError: auto_functionalized was not removed', please check ..."
 _QUOTED = re.compile(
-    r"(?P<q>['\"])(?P<type>(?:[A-Za-z_]\w*\.)*_?[A-Z]\w*(?:Error|Exception|Interrupt|Exit)(?:\([\w.]+\))?): "
+    r"(?P<q>['\"])(?P<type>(?:[A-Za-z_]\w*\.)*_?[A-Z]\w*(?:Error|Exception|Interrupt|Exit)(?:" + REASON_TAIL
+    + r")?(?:\([\w.]+\))?): "
     r"(?P<msg>.+?)(?P=q)(?=\s*(?:[,.;)]|$|please|see))",
     re.S,
 )

@@ -80,8 +80,13 @@ _EXC = re.compile(r"(?P<type>[A-Za-z_][\w.]*(?:\([\w.]+\))?)(?:(?P<colon>:)(?: ?
 # A C++ class keeps its namespaces as printed: tensorrt_llm::common::TllmException.
 # The endings of a class name that says it is an exception (also the start rules' triggers for exception lines).
 EXCEPTION_SUFFIXES = ("Error", "Exception", "Exit", "Interrupt", "Iteration", "Failed", "Failure", "Timeout")
+# What follows "Error" or "Exception" in the name of a class made per reason (pynvml's NVMLError_DriverNotLoaded,
+# NVMLError_GpuIsLost): an underscore and the reason in CamelCase.
+REASON_TAIL = r"_[A-Z][A-Za-z0-9]*"
 _EXC_NAME = (r"(?:[A-Za-z_]\w*(?:\.|::))*"
-             r"(?:_?[A-Z]\w*(?:" + "|".join(EXCEPTION_SUFFIXES) + r")|Exception|BaseException)"
+             r"(?:_?[A-Z]\w*(?:" + "|".join(EXCEPTION_SUFFIXES) + r")|Exception|BaseException"
+             # a class per reason, named "<Base>Error_<Reason>": pynvml's NVMLError_LibraryNotFound
+             r"|_?[A-Z][A-Za-z0-9]*(?:Error|Exception)" + REASON_TAIL + ")"
              # any class of a module named for them: triton.runtime.errors.OutOfResources
              r"|(?:[a-z_]\w*\.)+(?:errors|exceptions)\.[A-Z]\w*")
 _BARE_AT_START = re.compile(r"(?P<type>" + _EXC_NAME + r"(?:\([\w.]+\))?)(?::(?: ?(?P<msg>.*))?$|$)")
