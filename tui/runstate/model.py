@@ -654,17 +654,20 @@ class RunModel:
                               disk_full_in_s=_float(disk.get("full_in_s")), failed_samples=samples.err)
         if done is None and info:
             done = _int(info.get("resumed_samples"))
+        extracting = self._phase == p.PHASE_EXTRACTING and self._running()
         return Extraction(
             done=done,
             total=total,
             tokens=_int(prog.get("tokens")) or 0,
             tokens_total=_int(info.get("tokens")),
             bytes=_int(prog.get("bytes")) or 0,
-            # The last minute's rate where the job measures it: what the ETA follows.
-            tokens_per_s=_float(prog.get("recent_tokens_per_s")) or _float(prog.get("tokens_per_s")),
+            # While extracting, the last minute's rate where the job measures it (what the ETA follows); after, the
+            # run's own average.
+            tokens_per_s=(_float(prog.get("recent_tokens_per_s")) if extracting else None)
+            or _float(prog.get("tokens_per_s")),
             samples_per_s=_float(prog.get("samples_per_s")),
             eta_s=_float(prog.get("eta_s")) if self._phase == p.PHASE_EXTRACTING else None,
-            pace=str(prog["pace"]) if prog.get("pace") in ("disk", "engine") and self._running() else None,
+            pace=str(prog["pace"]) if prog.get("pace") in ("disk", "engine") and extracting else None,
             disk_free=_int(disk.get("free")),
             disk_total=_int(disk.get("total")),
             disk_full_in_s=_float(disk.get("full_in_s")),
