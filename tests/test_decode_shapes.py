@@ -4,6 +4,7 @@ confidence, and failures shown at once (provisional) and then refined."""
 from __future__ import annotations
 
 from eaglewatch.decode import Decoder, FailureGroup, ProvisionalFailure, TracebackEvent, decode_bytes
+from eaglewatch.decode.events import LineEvent
 from eaglewatch.decode.exclass import class_from_message
 from eaglewatch.decode.report import render_text, to_dict
 
@@ -473,3 +474,48 @@ def test_peft_merge_refused_without_its_class() -> None:
                  "Cannot merge the branches: conflict in train.py\n"):
         _, state = decode_bytes(text.encode())
         assert state.failures_ranked() == [], text
+
+
+def test_nccl_warn_quoted_without_its_prefix() -> None:
+    # NVIDIA/nccl#1129 (held-out set 20): the line in the reporter's typographic quotes, reversed, no host prefix
+    root = root_of("\u201dmisc/ibvwrap.cc:280 NCCL WARN Call to ibv_create_qp failed\u201c\n")
+    assert (root.exc_type, root.message, root.basis) == ("NCCL WARN", "Call to ibv_create_qp failed", "NCCL WARN line")
+    assert root.first.exceptions[0].frames[0].file == "misc/ibvwrap.cc"
+    for line, message in (
+            ('I get "transport/net_ib.cc:1100 NCCL WARN Cuda failure \'out of memory\'" after an hour.',
+             "Cuda failure 'out of memory'"),
+            ("It says `NCCL WARN NET/IB : Got completion with error 12` and stops",
+             "NET/IB : Got completion with error 12"),
+            ("\u2018NCCL WARN Cuda failure 2\u2019", "Cuda failure 2"),
+            ("misc/ibvwrap.cc:280 NCCL WARN Call to ibv_create_qp failed", "Call to ibv_create_qp failed")):
+        assert (root_of(line + "\n").exc_type, root_of(line + "\n").message) == ("NCCL WARN", message), line
+    # NCCL WARN in words, unquoted with no file:line, or at INFO, is not one.
+    for line in ("we see NCCL WARN lines sometimes", 'we see "NCCL WARN" lines',
+                 'INFO 01-02 03:04:05 [x.py:1] "misc/ibvwrap.cc:280 NCCL WARN Call failed"'):
+        _, state = decode_bytes((line + "\n").encode())
+        assert state.failures_ranked() == [], line
+
+
+def test_pytest_e_column_joins_the_message() -> None:
+    # vllm-project/vllm-ascend#13434 (held-out set 20): pytest's E column; the cause is on the message's second line
+    text = (">                           raise pickle.UnpicklingError(_get_wo_message(str(e))) from None\n"
+            "E                           _pickle.UnpicklingError: Weights only load failed. In PyTorch 2.6, ...\n"
+            "E                           Please file an issue: WeightsUnpickler error: size is inconsistent\n"
+            "E\n"
+            "E                           Check the documentation of torch.load.\n"
+            "\n"
+            "/usr/lib/python3/site-packages/torch/serialization.py:1470: UnpicklingError\n")
+    root = root_of(text)
+    assert root.exc_type == "_pickle.UnpicklingError"
+    assert root.message == ("Weights only load failed. In PyTorch 2.6, ...\nPlease file an issue: WeightsUnpickler "
+                            "error: size is inconsistent\n\nCheck the documentation of torch.load.")
+    # Behind a rank prefix too, and an assertion's E lines are no failure of their own.
+    assert root_of("[rank0]: E   ValueError: bad\n[rank0]: E   more\n").message == "bad\nmore"
+    _, state = decode_bytes(b"E       assert 1 == 2\nE        +  where 1 = f()\n")
+    assert state.failures_ranked() == []
+    # Only pytest's column: an E that starts a word, or with fewer than three spaces, is the line's own text.
+    for line in ("E  RuntimeError: x", "Ebad: ValueError: y", "E1130 01:28:53.967 12 file.cc:68] ValueError: z",
+                 "E  x"):
+        events, _ = decode_bytes((line + "\n").encode())
+        assert [(event.level, event.source) for event in events if isinstance(event, LineEvent)] != [
+            ("ERROR", "pytest")], line

@@ -11,7 +11,11 @@ Recognised, tried cheapest first:
   ``... ERROR worker.py:433 -- msg``; loguru's
   ``2024-05-01 12:00:00.123 | ERROR    | module:func:42 - msg``;
 * ``logging.basicConfig``: ``WARNING:root:msg``; uvicorn: ``INFO:     127.0.0.1:5000 - "POST /v1/completions"``;
-* ``warnings``: ``/path/x.py:138: FutureWarning: msg`` (level WARNING, source ``x.py:138``).
+* ``warnings``: ``/path/x.py:138: FutureWarning: msg`` (level WARNING, source ``x.py:138``);
+* pytest's ``E`` column: ``E       RuntimeError: msg`` and each line of the message after it, ``E       more``
+  (``E`` and at least three spaces, as pytest writes it, or an ``E`` alone for a blank line of the message): level
+  ERROR, source ``pytest``, so that the lines of one exception are one record, as a logger's are. The column's
+  spaces are all taken (pytest indents the exception like the source line above it).
 
 ``parse_header`` returns ``(level, time, source, offset)`` where ``offset`` is where the message starts (one
 space after the header is consumed, the message's own indentation is kept), or None.
@@ -67,6 +71,7 @@ _BASIC = re.compile(r"(?P<lv>" + _LEVEL_ALT + r"):(?:(?P<name>[\w.\-]+):|\s{2,})
 _PYWARN = re.compile(r"(?P<path>[^\s:][^:]*\.py):(?P<line>\d+): (?P<cat>[A-Z]\w*Warning): ")
 
 Header = tuple[Optional[str], Optional[str], Optional[str], int]
+PYTEST_SOURCE = "pytest"
 
 
 def parse_header(text: str) -> Optional[Header]:
@@ -83,6 +88,8 @@ def parse_header(text: str) -> Optional[Header]:
         glog = _GLOG.match(text)
         if glog:
             return _glog(glog)
+        if first == "E" and (text[1:4] == "   " or (len(text) <= 8 and not text[1:].strip())):
+            return _pytest(text)
         return _pywarn(text)
     if first == "[":
         glog = _GLOG.match(text)
@@ -128,6 +135,14 @@ def _timed(found: re.Match[str]) -> Header:
     source = (found.group("src1") or found.group("src2") or found.group("src3") or found.group("src4")
               or found.group("name1"))
     return LEVELS.get(level) or _LOGURU_LEVELS[level], found.group("time"), source, found.end()
+
+
+def _pytest(text: str) -> Header:
+    """pytest's ``E`` column in front of an exception's lines (``E   `` at least; nothing else starts so)."""
+    start = 1
+    while text[start:start + 1] == " ":
+        start += 1
+    return "ERROR", None, PYTEST_SOURCE, start
 
 
 def _pywarn(text: str) -> Optional[Header]:

@@ -134,6 +134,32 @@ def _message_as(exc_type: str) -> Callable[[re.Match[str], str], Reading]:
     return read
 
 
+# Quotes a reporter puts around a line, by family (a typographic pair may come reversed: ”...“).
+_DOUBLE_QUOTES = "\"\u201c\u201d\u201e\u00ab\u00bb"
+_SINGLE_QUOTES = "'\u2018\u2019\u201a\u2039\u203a"
+_QUOTES = _DOUBLE_QUOTES + _SINGLE_QUOTES + "`"
+# Where a quote of each family closes: the quote, then punctuation at most, then a space or the line's end.
+_QUOTE_ENDS = {family: re.compile(f"[{re.escape(family)}]" + r"[.,;:!?)\]]*(?:\s|$)")
+               for family in (_DOUBLE_QUOTES, _SINGLE_QUOTES, "`")}
+
+
+def _nccl_warn_quoted(found: re.Match[str], msg: str) -> Optional[Reading]:
+    text = found.group("msg")
+    quote = found.group("q")
+    if quote:
+        family = next(family for family in _QUOTE_ENDS if quote in family)
+        end = _QUOTE_ENDS[family].search(text)
+        if end is not None:
+            text = text[:end.start()]
+    elif not found.group("src"):
+        return None  # "NCCL WARN" in words, neither quoted nor after NCCL's file:line
+    text = text.strip()
+    if not text:
+        return None
+    frame = _frame(found.group("src"), found.group("line")) if found.group("src") else None
+    return Reading("NCCL WARN", text, frame)
+
+
 def _ucx(found: re.Match[str], msg: str) -> Reading:
     return Reading("UCX ERROR", found.group("msg").strip(), _frame(found.group("src"), found.group("line")))
 
@@ -247,6 +273,13 @@ SHAPES: tuple[Shape, ...] = (
         re.compile(r"^(?:\[[\d\-:.,T Z]+\] )?\S+:\d+:\d+ \[\d+\] (?:[\w./]+:\d+ )?(?:NCCL )?WARN (?P<msg>\S.*)"),
         _message_as("NCCL WARN"), "NCCL WARN line", ("https://github.com/NVIDIA/nccl-tests/issues/15",),
         anchored=True),
+    Shape(
+        "nccl-warn-quoted", "NCCL's WARN line quoted without its host:pid:tid [dev] prefix (straight or typographic "
+        "quotes, backticks), or from its file:line on", ("NCCL WARN ",),
+        re.compile(r"(?:^|(?<=\s))(?P<q>[" + _QUOTES + r"])?"
+                   r"(?:(?P<src>[\w./\-]+\.(?:cc|cpp|cu|c|h|hpp)):(?P<line>\d+) )?NCCL WARN (?P<msg>\S.*)"),
+        _nccl_warn_quoted, "NCCL WARN line", ("https://github.com/NVIDIA/nccl/issues/1129",),
+        window=2000, quiet_too=False),
     Shape(
         "ucx-error", "UCX's error line (NIXL, LMCache, Mooncake transports)",
         ("UCX",),
