@@ -57,7 +57,7 @@ HELP_ROWS = [
     ("l", "full-screen log (again, or Esc, to go back)"),
     ("f", "failures, root cause first; Enter opens the full traceback"),
     ("g", "GPUs: memory, use, temperature, power, processes by rank"),
-    ("k", "stacks: where every process is, grouped by rank (taken at a stall too)"),
+    ("k", "where every process is: its stacks, grouped by rank"),
     ("/", "search the log, matches marked (Enter keeps, Esc clears)"),
     ("] [", "in the log: next, previous match of the search"),
     ("&", "in the log: only the matching lines (again: all lines)"),
