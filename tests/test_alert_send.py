@@ -18,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from webhook_support import no_proxy  # noqa: F401  (autouse fixture)
 
 from eaglewatch.pipeline.agent.alert_send import (
     ENV_KIND,
@@ -65,12 +66,6 @@ class Server:
         self.recorder = recorder
         self.port = port
         self.url = f"http://127.0.0.1:{port}/topic"
-
-
-@pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch) -> None:
-    for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture

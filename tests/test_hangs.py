@@ -19,7 +19,7 @@ import pytest
 
 from agent_support import run_root  # noqa: F401  (fixture)
 from conftest import run_cli
-from webhook_support import Webhook
+from webhook_support import Webhook, no_proxy  # noqa: F401  (no_proxy: autouse fixture)
 
 from eaglewatch.decode.stackgroups import group
 from eaglewatch.tui.connection import Connection
@@ -65,12 +65,6 @@ def dashboard_stacks(run_root: Path, run: str, wanted: list[str]) -> str:
 
     asyncio.run(scenario())
     return shown[0]
-
-
-@pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch) -> None:
-    for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture

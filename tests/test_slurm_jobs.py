@@ -269,9 +269,9 @@ while not os.path.exists(flag):
 def test_each_rank_alerts_from_its_node_a_failure_the_time_limit_and_the_end(
         agent: Connection, slurm_cluster: SlurmCluster, run_root: Path, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from webhook_support import Webhook
+    from webhook_support import PROXY_VARIABLES, Webhook
 
-    for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+    for name in PROXY_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     hook = Webhook()
     try:

@@ -9,6 +9,18 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
+import pytest
+
+PROXY_VARIABLES = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY")
+
+
+@pytest.fixture(autouse=True)
+def no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A proxy in the environment would carry a POST to 127.0.0.1 elsewhere: imported by a module, for all its tests
+    (and the agents and supervisors they start)."""
+    for name in PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+
 
 class Webhook:
     def __init__(self) -> None:
