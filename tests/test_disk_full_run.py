@@ -5,11 +5,11 @@ disk its runs live on. Mounting needs root; where that is refused the case is no
 
 from __future__ import annotations
 
-import subprocess
 import textwrap
 from pathlib import Path
 
 import pytest
+from disk_support import small_filesystem
 
 from agent_support import PYTHON, stop_leftovers, wait_for
 from eaglewatch.pipeline.agent.rundir import RunDir
@@ -33,14 +33,9 @@ FILL = textwrap.dedent(
 
 @pytest.fixture
 def small_disk(tmp_path: Path):
-    mount = tmp_path / "small"
-    mount.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a small filesystem here: {proc.stderr.decode(errors='replace').strip()}")
-    yield mount
-    stop_leftovers(mount / "runs")
-    subprocess.run(["umount", "-l", str(mount)], check=False)
+    with small_filesystem(tmp_path / "small", "1m") as mount:
+        yield mount
+        stop_leftovers(mount / "runs")
 
 
 def test_a_job_that_fills_the_disk_ends_with_its_exit_status_and_disk_full(small_disk: Path) -> None:

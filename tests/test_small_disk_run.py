@@ -14,19 +14,15 @@ from pathlib import Path
 import pytest
 
 from conftest import read_events
+from disk_support import small_filesystem
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
 @pytest.fixture
 def small_disk(tmp_path: Path):
-    mount = tmp_path / "small"
-    mount.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96m", "tmpfs", str(mount)], capture_output=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a small filesystem here: {proc.stderr.decode(errors='replace').strip()}")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
+    with small_filesystem(tmp_path / "small", "96m") as mount:
+        yield mount
 
 
 def test_disk_line_and_pace_of_a_real_run_on_a_small_disk(tiny_llama, prepared_data, small_disk, tmp_path):

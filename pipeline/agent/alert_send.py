@@ -495,10 +495,7 @@ def _feed(stream: Any, data: bytes) -> None:
     except (OSError, ValueError):  # the command does not read its stdin (BrokenPipeError) or was killed
         pass
     finally:
-        try:
-            stream.close()
-        except OSError:
-            pass
+        _close_quietly(stream)
 
 
 def _drain(stream: Any, captured: bytearray) -> None:
@@ -512,10 +509,14 @@ def _drain(stream: Any, captured: bytearray) -> None:
     except (OSError, ValueError):
         pass
     finally:
-        try:
-            stream.close()
-        except OSError:
-            pass
+        _close_quietly(stream)
+
+
+def _close_quietly(stream: Any) -> None:
+    try:
+        stream.close()
+    except OSError:
+        pass
 
 
 def _kill_group(pgid: int) -> None:
