@@ -8,7 +8,10 @@ JSON; without them the run is still disk-bound, because both sides end with ever
 eaglewatch's closing sync, ``sync_s``, is counted in its time) and the data are many times the disk's speed.
 
     python bench/bench_disk.py --model MODEL --dtype bfloat16 --layers 1 3 5 7 9 11 13 16 --max-len 2048 \\
-        --samples 1024 --enforce-eager --json OUT.json
+        --samples 1024 --enforce-eager --storages dtype fp8 --json OUT.json
+
+Each eaglewatch run also keeps what its progress events said of the pace (``disk`` or ``engine``, and the largest
+share of a minute the driver waited on the writer), the dashboard's ``pace`` line.
 """
 
 from __future__ import annotations
@@ -79,11 +82,31 @@ def run_dd(target: Path, nbytes: int) -> dict:
     return {"bytes": written, "seconds": round(seconds, 2), "mb_per_s": round(written / seconds / 1e6, 1)}
 
 
-def run_eaglewatch(args: argparse.Namespace, data: Path, out: Path) -> dict:
+def pace_seen(events: Path) -> dict:
+    """What the run's progress events said of its pace: how often the disk set it, and the largest share of a
+    recent window the driver spent waiting on the writer."""
+    paces, shares = [], []
+    try:
+        lines = events.read_text().splitlines()
+    except OSError:
+        return {}
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if event.get("kind") == "progress" and event.get("pace"):
+            paces.append(event["pace"])
+            shares.append(event.get("writer_wait_share") or 0.0)
+    return {"progress_events_with_pace": len(paces), "disk_paced": paces.count("disk"),
+            "writer_wait_share_max": max(shares, default=None)}
+
+
+def run_eaglewatch(args: argparse.Namespace, data: Path, out: Path, storage: str) -> dict:
     drop_written(out)
     cmd = [sys.executable, "-m", "eaglewatch", "extract", "--engine", "vllm", "--model-path", args.model,
            "--prepared-data", str(data), "--output-dir", str(out), "--layer-ids", *map(str, args.layers),
-           "--max-seq-len", str(args.max_len), "--no-preflight"]
+           "--max-seq-len", str(args.max_len), "--no-preflight", "--storage", storage]
     if args.dtype:
         cmd += ["--dtype", args.dtype]
     if args.enforce_eager:
@@ -94,8 +117,9 @@ def run_eaglewatch(args: argparse.Namespace, data: Path, out: Path) -> dict:
     m = json.loads((out / "manifest.json").read_text())
     seconds = m["extract_s"] + (m.get("sync_s") or 0.0)
     nbytes = m.get("bytes_written") or sum(p.stat().st_size for p in out.glob("*.safetensors"))
+    pace = pace_seen(out / "events.jsonl")
     drop_written(out)
-    return {"bytes": nbytes, "tokens": m["tokens_written"], "extract_s": m["extract_s"], "sync_s": m.get("sync_s"),
+    return {"storage": storage, **pace, "bytes": nbytes, "tokens": m["tokens_written"], "extract_s": m["extract_s"], "sync_s": m.get("sync_s"),
             "seconds": round(seconds, 2), "mb_per_s": round(nbytes / seconds / 1e6, 1),
             "tokens_per_s_without_sync": m["tokens_per_s"], "load_s": m["load_s"]}
 
@@ -112,6 +136,8 @@ def main() -> int:
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--dirty-limit-mb", type=int, default=256, help="0: leave the kernel's dirty-page limits alone")
     ap.add_argument("--rounds", type=int, default=2, help="eaglewatch then dd, this many times")
+    ap.add_argument("--storages", nargs="+", default=["dtype"], choices=("dtype", "fp8"),
+                    help="eaglewatch's --storage for each pair (each against dd of its own bytes)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     work = Path(args.workdir)
@@ -126,8 +152,10 @@ def main() -> int:
         # eaglewatch first: its bytes decide how much dd writes.
         pairs = []
         for _ in range(args.rounds):
-            ew = run_eaglewatch(args, data, work / "out")
-            pairs.append((ew, run_dd(work / "dd.bin", ew["bytes"])))
+            for storage in args.storages:
+                ew = run_eaglewatch(args, data, work / "out", storage)
+                pairs.append((ew, run_dd(work / "dd.bin", ew["bytes"])))
+                print(json.dumps(pairs[-1]), file=sys.stderr, flush=True)
     finally:
         restore_dirty(before)
     result = {"tokens": tokens, "layers": args.layers, "dirty_before": before, "dirty_limits": dirty,
@@ -135,12 +163,15 @@ def main() -> int:
               "ratios": [round(e["mb_per_s"] / d["mb_per_s"], 3) for e, d in pairs]}
     print(f"## Disk-bound: {args.samples} samples, {tokens:,} tokens, layers {' '.join(map(str, args.layers))}; "
           f"dirty-page limits {dirty}")
-    print("| run | bytes | seconds (with closing sync) | MB/s | vs dd |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| run | bytes | seconds (with closing sync) | MB/s | tokens/s | vs dd | pace (disk-paced events) |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for i, (e, d) in enumerate(pairs, 1):
-        print(f"| dd conv=fsync, round {i} | {d['bytes']:,} | {d['seconds']} | {d['mb_per_s']:,} | 1.00 |")
-        print(f"| eaglewatch default, round {i} | {e['bytes']:,} | {e['seconds']} (sync {e['sync_s']}) | "
-              f"{e['mb_per_s']:,} | {e['mb_per_s'] / d['mb_per_s']:.2f} |")
+        storage = "bf16" if e["storage"] == "dtype" else e["storage"]
+        print(f"| dd conv=fsync, pair {i} | {d['bytes']:,} | {d['seconds']} | {d['mb_per_s']:,} | - | 1.00 | - |")
+        print(f"| eaglewatch, {storage}, pair {i} | {e['bytes']:,} | {e['seconds']} (sync {e['sync_s']}) | "
+              f"{e['mb_per_s']:,} | {e['tokens'] / e['seconds']:,.0f} | {e['mb_per_s'] / d['mb_per_s']:.2f} | "
+              f"{e.get('disk_paced', '-')} of {e.get('progress_events_with_pace', '-')}, largest wait share "
+              f"{e.get('writer_wait_share_max')} |")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0

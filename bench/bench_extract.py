@@ -4,9 +4,10 @@
 flags (the stream) and against fixed batches of 16 (``--exact --batch-size 16``, what the default was before the
 stream), on the same model, the same synthetic data and the same ``LLM`` arguments (``extraction_llm_kwargs``),
 for log-normal and uniform lengths. Runs alternate (``--repeat``) so that a machine's drift hits them alike; the
-table gives the median and the spread. Bare vLLM is timed from its ``generate`` call until its last file is on
-disk, eaglewatch by its manifest (``extract_s``: from the first sample handed over until the last file is under
-its final name; the closing sync of the default durability is ``sync_s``, shown apart).
+table gives the median and the spread. Bare vLLM is timed from its ``generate`` call until its last file is
+complete, eaglewatch by its manifest (``extract_s``: from the first sample handed over until the last file is under
+its final name). Both then sync the output's filesystem (``sync_s``: eaglewatch's closing sync of the default
+durability, a ``syncfs`` after bare vLLM's last file), and the last two columns time both to the last byte on disk.
 
     .venv/bin/python bench/bench_extract.py [feeding] [--samples 1024] [--lengths lognormal uniform] [--repeat 2]
     # on a GPU machine, with a model folder made there and vLLM's stock connector for the bare runs:
@@ -125,6 +126,25 @@ def run_bare(args: argparse.Namespace, model: Path, data: Path, out: Path) -> di
     return {**r, "wall_s": round(wall, 1)}
 
 
+def sync_filesystem(folder: Path) -> None:
+    """``syncfs`` of the filesystem that holds ``folder`` (what eaglewatch's closing sync does); ``sync`` where the
+    C library has no ``syncfs``."""
+    import ctypes
+
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        syncfs = getattr(ctypes.CDLL(None, use_errno=True), "syncfs", None)
+        if syncfs is None or syncfs(fd) != 0:
+            os.sync()
+    finally:
+        os.close(fd)
+
+
+def to_last_byte(run: dict) -> float:
+    """Tokens a second from the first sample handed over to the last byte on disk (the closing sync counted)."""
+    return run["tokens"] / (run["extract_s"] + (run.get("sync_s") or 0.0))
+
+
 def bare_main(argv: list[str]) -> None:
     """Bare vLLM in its own process: the same ``LLM`` arguments, every prompt in one ``generate``, timed until the
     last file is on disk. ``--connector eaglewatch`` (the only one that runs on CPU) or ``stock``
@@ -189,8 +209,11 @@ def bare_main(argv: list[str]) -> None:
             while not os.path.exists(p):
                 time.sleep(0.001)
     t1 = time.perf_counter()
+    # Then the bytes onto the disk, as eaglewatch's closing sync puts them: both sides timed to the last byte.
+    sync_filesystem(out)
+    t2 = time.perf_counter()
     result = {"tokens": tokens, "extract_s": round(t1 - t0, 3), "generate_s": round(t_gen - t0, 3),
-              "tokens_per_s": round(tokens / (t1 - t0), 1), "load_s": round(load_s, 1),
+              "sync_s": round(t2 - t1, 3), "tokens_per_s": round(tokens / (t1 - t0), 1), "load_s": round(load_s, 1),
               "engine_core_process": own_process, "connector": a.connector}
     Path(a.result).write_text(json.dumps(result))
     shutdown = getattr(llm.llm_engine, "shutdown", None)
@@ -232,17 +255,22 @@ def print_feeding(args: argparse.Namespace, model: Path, totals: dict, results: 
     for kind, runs in results.items():
         n, tokens, longest = totals[kind]
         print(f"\n### {kind} lengths: {n} samples, {tokens:,} tokens (longest {longest}), {args.repeat} rounds")
-        print("| run | tokens/s (median) | spread (min-max) | extract s (median) | closing sync s | vs bare |")
-        print("| --- | --- | --- | --- | --- | --- |")
+        print("| run | tokens/s (median) | spread (min-max) | extract s (median) | closing sync s | vs bare "
+              "| tokens/s to the last byte (median) | vs bare, to the last byte |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
         bare = statistics.median(r["tokens_per_s"] for r in runs["bare"]) if runs.get("bare") else None
+        bare_last = statistics.median(to_last_byte(r) for r in runs["bare"]) if runs.get("bare") else None
         for name, rs in runs.items():
             rates = [r["tokens_per_s"] for r in rs]
             med = statistics.median(rates)
+            last = statistics.median(to_last_byte(r) for r in rs)
             syncs = [r["sync_s"] for r in rs if r.get("sync_s") is not None]
             sync = f"{statistics.median(syncs):.2f}" if syncs else "-"
             ratio = f"{med / bare:.2f}" if bare else "-"
+            ratio_last = f"{last / bare_last:.2f}" if bare_last else "-"
             print(f"| {RUN_TITLES[name]} | {med:,.0f} | {min(rates):,.0f}-{max(rates):,.0f} | "
-                  f"{statistics.median(r['extract_s'] for r in rs):.2f} | {sync} | {ratio} |")
+                  f"{statistics.median(r['extract_s'] for r in rs):.2f} | {sync} | {ratio} | {last:,.0f} | "
+                  f"{ratio_last} |")
 
 
 def run_engine(engine: str, model: Path, data: Path, out: Path) -> dict:

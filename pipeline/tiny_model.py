@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +138,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=int, default=None, help="decoder layers (default: the family's 4)")
     parser.add_argument("--hidden-size", type=int, default=None, help="override hidden size")
     parser.add_argument("--intermediate-size", type=int, default=None, help="override MLP size")
+    parser.add_argument("--experts", type=int, default=None, help="override routed experts (a MoE family's)")
+    parser.add_argument("--moe-intermediate-size", type=int, default=None,
+                        help="override each routed expert's MLP size (a MoE family's)")
     parser.add_argument("--heads", type=int, default=None, help="override attention heads (head_dim kept)")
     parser.add_argument("--kv-heads", type=int, default=None, help="override KV heads")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
@@ -150,6 +154,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--group-size", type=int, default=None, help="INT4 group size (default: the scheme's)")
     parser.add_argument("--asymmetric", action="store_true", help="INT4 with zero points")
     parser.add_argument("--seed", type=int, default=0)
+
+
+def override_moe(config: dict[str, Any], experts: int | None, moe_intermediate: int | None) -> str | None:
+    """Set the routed experts and their MLP size where the family has them (an engine bench at a real expert width,
+    e.g. Kimi-K2.5's 2048); the reason when it has not."""
+    from eaglewatch.pipeline.tiny_shrink import EXPERT_COUNT_KEYS
+
+    if experts is not None:
+        key = next((k for k in EXPERT_COUNT_KEYS if config.get(k)), None)
+        if key is None:
+            return "--experts: this family has no routed experts"
+        if experts < int(config.get("num_experts_per_tok") or 1):
+            return f"--experts {experts}: fewer than the {config['num_experts_per_tok']} each token is routed to"
+        config[key] = experts
+    if moe_intermediate is not None:
+        if "moe_intermediate_size" not in config:
+            return "--moe-intermediate-size: this family has no moe_intermediate_size (try --intermediate-size)"
+        config["moe_intermediate_size"] = moe_intermediate
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -185,6 +208,12 @@ def run(args: argparse.Namespace) -> int:
     if quantization is not None and (args.group_size or args.asymmetric):
         quantization = with_weight_args(quantization, args.group_size, args.asymmetric)
     config.update({k: v for k, v in overrides.items() if v is not None})
+    moe_error = override_moe(config, args.experts, args.moe_intermediate_size)
+    if moe_error:
+        print(f"error: {moe_error}", file=sys.stderr)
+        return 2
+    if args.experts or args.moe_intermediate_size:
+        note += f"; then {args.experts or 'the same'} experts of MLP {args.moe_intermediate_size or 'as shrunk'}"
     out = make_tiny_model(args.out, config, shards=args.shards, dtype=args.dtype, vocab_size=args.vocab_size,
                           seed=args.seed, quantization=quantization)
     written = json.loads((out / "config.json").read_text())

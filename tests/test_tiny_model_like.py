@@ -43,3 +43,19 @@ def test_a_wrapper_whose_text_config_is_not_an_object_is_refused_clearly(tmp_pat
     proc = run_cli("make-tiny-model", "--like", config, "--out", tmp_path / "x")
     assert proc.returncode != 0
     assert "text_config is a str, not an object" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_experts_and_their_width_can_be_set_for_an_engine_bench(tmp_path):
+    out = tmp_path / "kimi"
+    proc = run_cli("make-tiny-model", "--like", KIMI, "--out", out, "--shards", "2", "--quantization", "none",
+                   "--platform", "cpu", "--layers", "2", "--experts", "16", "--moe-intermediate-size", "256")
+    assert proc.returncode == 0, proc.stderr
+    small = json.loads((out / "config.json").read_text())
+    assert (small["n_routed_experts"], small["moe_intermediate_size"]) == (16, 256)
+    assert "then 16 experts of MLP 256" in proc.stdout
+
+
+def test_experts_on_a_dense_family_is_refused_in_one_line(tmp_path):
+    proc = run_cli("make-tiny-model", "--arch", "llama", "--experts", "4", "--out", tmp_path / "x")
+    assert proc.returncode == 2 and proc.stderr.strip() == "error: --experts: this family has no routed experts"
+    assert not (tmp_path / "x").exists()
