@@ -249,3 +249,15 @@ def test_a_run_with_nothing_left_to_do_counts_what_it_found_done_not_another_bar
     model.feed_event(event(p.EVENT_PHASE, phase="done"))
     extraction = model.snapshot().extraction
     assert (extraction.done, extraction.total) == (11, 11)
+
+
+def test_a_run_that_has_ended_forecasts_no_full_disk():
+    # "full in" forecasts this job's writing; once it has ended the disk's growth is someone else's.
+    model = RunModel("h", {"run": "r", "state": "running"})
+    sample = json.loads(H200X2_STREAM.read_text().splitlines()[0])
+    sample["host"]["disk"] = {"free": 50 * 1024**3, "total": 270 * 1024**3, "full_in_s": 600}
+    model.feed_telemetry(sample)
+    assert model.snapshot().extraction.disk_full_in_s == 600
+    model.feed_job("exited", {"code": 0}, {})
+    view = model.snapshot()
+    assert view.extraction.disk_full_in_s is None and view.extraction.disk_free == 50 * 1024**3

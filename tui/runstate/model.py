@@ -651,7 +651,7 @@ class RunModel:
             return Extraction(done=samples.n, total=samples.total, samples_per_s=samples.per_second,
                               eta_s=samples.remaining_s if self._running() else None,
                               disk_free=_int(disk.get("free")), disk_total=_int(disk.get("total")),
-                              disk_full_in_s=_float(disk.get("full_in_s")), failed_samples=samples.err)
+                              disk_full_in_s=self._full_in(disk), failed_samples=samples.err)
         if done is None and info:
             done = _int(info.get("resumed_samples"))
         extracting = self._phase == p.PHASE_EXTRACTING and self._running()
@@ -670,10 +670,14 @@ class RunModel:
             pace=str(prog["pace"]) if prog.get("pace") in ("disk", "engine") and extracting else None,
             disk_free=_int(disk.get("free")),
             disk_total=_int(disk.get("total")),
-            disk_full_in_s=_float(disk.get("full_in_s")),
+            disk_full_in_s=self._full_in(disk),
             bytes_to_go=self._output_bytes_to_go() if self._phase == p.PHASE_EXTRACTING else None,
             resumed=_int(info.get("resumed_samples")) or 0,
         )
+
+    def _full_in(self, disk: dict) -> float | None:
+        # When the disk fills at its recent growth: a forecast of this job's writing, so none once it has ended.
+        return _float(disk.get("full_in_s")) if self._running() else None
 
     def _gpu_views(self) -> tuple[GpuView, ...]:
         views = []
