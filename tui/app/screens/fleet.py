@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Optional
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Input
+from textual.widgets import DataTable, Footer
 from textual.worker import get_current_worker
 
 from eaglewatch.safetext import safe_text
 from eaglewatch.tui.app.screens.dialogs import ConfirmScreen, HelpScreen
+from eaglewatch.tui.app.screens.listing import LISTING_BINDINGS, ListingScreen
 from eaglewatch.tui.app.widgets.fleet import (
     DEFAULT_SORT,
     SORT_COLUMNS,
@@ -32,7 +32,7 @@ from eaglewatch.tui.app.widgets.fleet import (
     row_cells,
     row_matches,
 )
-from eaglewatch.tui.app.widgets.listing import FilterBar, sort_rows
+from eaglewatch.tui.app.widgets.listing import FilterBar, SortOrder, sort_rows
 from eaglewatch.tui.commands.job_follow import FleetFollower
 from eaglewatch.tui.commands.job_ops import SSH, JobOps
 from eaglewatch.tui.messages import RunSummary
@@ -60,7 +60,8 @@ HELP_ROWS = [
 ]
 
 
-class FleetScreen(Screen):
+class FleetScreen(ListingScreen):
+    ENTER_ACTION = "open_rank"
     DEFAULT_CSS = """
     FleetScreen #fleet-ranks { height: 1fr; scrollbar-size-vertical: 1; }
     """
@@ -69,10 +70,7 @@ class FleetScreen(Screen):
         Binding("enter", "open_rank", "open", priority=True),
         Binding("r", "restart_rank", "restart"),
         Binding("c", "cancel_job", "cancel"),
-        Binding("slash", "filter", "filter"),
-        Binding("o", "sort_next", "sort"),
-        Binding("O", "sort_reverse", "reverse sort", show=False),
-        Binding("escape", "clear_filter", "clear filter", show=False),
+        *LISTING_BINDINGS,
         Binding("question_mark", "help", "help"),
         Binding("q", "quit_app", "quit"),
     ]
@@ -214,47 +212,18 @@ class FleetScreen(Screen):
 
     # ------------------------------------------------------------------ filter and sort
 
-    def _redraw_now(self) -> None:
+    def listing_changed(self) -> None:
         self._seen = None
         self.refresh_view()
         self.query_one(RankDetail).show(self.selected())
 
-    def action_filter(self) -> None:
-        self.query_one(FilterBar).open()
-
-    def on_input_changed(self, event: Input.Changed) -> None:
-        event.stop()
-        self._redraw_now()
-
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        event.stop()
-        self.query_one(FilterBar).close_if_empty()
-        self.query_one(DataTable).focus()
-
-    def action_clear_filter(self) -> None:
-        bar = self.query_one(FilterBar)
-        if bar.has_class("visible") or bar.value:
-            bar.clear()
-            self.query_one(DataTable).focus()
-            self._redraw_now()
-
-    def action_sort_next(self) -> None:
-        self.order = next_sort(self.order, columns_for(self.size.width))
-        self._redraw_now()
-
-    def action_sort_reverse(self) -> None:
-        self.order = self.order.flipped()
-        self._redraw_now()
+    def next_order(self) -> SortOrder:
+        return next_sort(self.order, columns_for(self.size.width))
 
     # ------------------------------------------------------------------ keys
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         self.action_open_rank()
-
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> Optional[bool]:
-        if action == "open_rank" and isinstance(self.focused, Input):
-            return False  # Enter submits the filter
-        return True
 
     def action_open_rank(self) -> None:
         row = self.selected()

@@ -21,12 +21,12 @@ from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Input, Static
+from textual.widgets import DataTable, Footer, Static
 from textual.worker import get_current_worker
 
 from eaglewatch import protocol as p
 from eaglewatch.safetext import safe_text
+from eaglewatch.tui.app.screens.listing import LISTING_BINDINGS, ListingScreen
 from eaglewatch.tui.app.widgets.listing import FilterBar, SortColumn, SortOrder, matches, sort_mark, sort_rows
 from eaglewatch.tui.commands import runs as runs_command
 from eaglewatch.tui.messages import RunSummary
@@ -202,7 +202,8 @@ def detail_text(row: Optional[RunRow], width: int) -> Text:
     return Text("\n").join([first, command])
 
 
-class RunsScreen(Screen):
+class RunsScreen(ListingScreen):
+    ENTER_ACTION = "attach"
     DEFAULT_CSS = """
     RunsScreen #runs { scrollbar-size-vertical: 1; }
     RunsScreen #runs-detail { height: 4; padding: 0 1; border-top: solid $primary-darken-2; }
@@ -210,10 +211,7 @@ class RunsScreen(Screen):
     BINDINGS = [
         # Before the table's own Enter (which would hide it from the footer); not while the filter line is typed in.
         Binding("enter", "attach", "attach", priority=True),
-        Binding("slash", "filter", "filter"),
-        Binding("o", "sort_next", "sort"),
-        Binding("O", "sort_reverse", "reverse sort", show=False),
-        Binding("escape", "clear_filter", "clear filter", show=False),
+        *LISTING_BINDINGS,
         Binding("question_mark", "help", "help"),
         Binding("q", "quit_app", "quit"),
     ]
@@ -338,42 +336,16 @@ class RunsScreen(Screen):
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         self.action_attach()
 
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> Optional[bool]:
-        if action == "attach" and isinstance(self.focused, Input):
-            return False  # Enter submits the filter
-        return True
-
     def action_attach(self) -> None:
         row = self.selected()
         if row is not None:
             self.dash.open_run(row.summary, False)
 
-    def action_filter(self) -> None:
-        self.query_one(FilterBar).open()
-
-    def on_input_changed(self, event: Input.Changed) -> None:
-        event.stop()
+    def listing_changed(self) -> None:
         self.redraw()
 
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        event.stop()
-        self.query_one(FilterBar).close_if_empty()
-        self.query_one(DataTable).focus()
-
-    def action_clear_filter(self) -> None:
-        bar = self.query_one(FilterBar)
-        if bar.has_class("visible") or bar.value:
-            bar.clear()
-            self.query_one(DataTable).focus()
-            self.redraw()
-
-    def action_sort_next(self) -> None:
-        self.order = self.order.next(SORT_COLUMNS)
-        self.redraw()
-
-    def action_sort_reverse(self) -> None:
-        self.order = self.order.flipped()
-        self.redraw()
+    def next_order(self) -> SortOrder:
+        return self.order.next(SORT_COLUMNS)
 
     def action_help(self) -> None:
         from eaglewatch.tui.app.screens.dialogs import HelpScreen
