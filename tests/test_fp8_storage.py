@@ -249,3 +249,8 @@ def test_the_error_record_is_the_same_split_in_two_as_a_gpu_writer_makes_it():
         fp8, scales = quantize_fp8(states)
         means, maxes = fp8_error_stats(states, fp8, scales)
         assert fp8_error_text(means, maxes, tokens) == fp8_error_record(states, fp8, scales)
+
+
+def test_a_sample_of_no_tokens_rounds_to_no_values():
+    fp8, scales = quantize_fp8(torch.zeros(0, 4, 7168, dtype=torch.bfloat16))
+    assert fp8.shape == (0, 4, 7168) and fp8.dtype == torch.float8_e4m3fn and scales.shape == (0, 1, 1)
