@@ -96,7 +96,9 @@ def quantize_fp8(states: Any) -> tuple[Any, Any]:
     import torch
 
     values = states.to(torch.float32, copy=True)
-    flat = values.reshape(values.shape[0], math.prod(values.shape[1:]))  # not -1: a sample of no tokens has none
+    if values.shape[0] == 0:  # a sample of no tokens: nothing to scale (a reshape to [0, -1] is ambiguous)
+        return values.to(torch.float8_e4m3fn), torch.ones(0, *([1] * (values.dim() - 1)), device=values.device)
+    flat = values.reshape(values.shape[0], -1)
     if flat.shape[1] == 0:
         amax = torch.zeros(values.shape[0])
     else:  # the largest and the smallest in one pass each: cheaper than abs() then amax(), and the same value
