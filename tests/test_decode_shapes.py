@@ -519,3 +519,94 @@ def test_pytest_e_column_joins_the_message() -> None:
         events, _ = decode_bytes((line + "\n").encode())
         assert [(event.level, event.source) for event in events if isinstance(event, LineEvent)] != [
             ("ERROR", "pytest")], line
+
+
+def test_transformers_rope_scaling_refused_without_its_class() -> None:
+    # ShmuelRonen/ComfyUI_ChatterBox_Voice#1 (held-out set 21): the message alone, as the reporter pasted it
+    line = ("`rope_scaling` must be a dictionary with with two fields, `type` and `factor`, got {'factor': 8.0, "
+            "'high_freq_factor': 4.0, 'low_freq_factor': 1.0, 'original_max_position_embeddings': 8192, "
+            "'rope_type': 'llama3'}")
+    root = root_of(line + "\n")
+    assert (root.exc_type, root.message) == ("ValueError", line)
+    assert root.basis == "transformers message without its class (raised as ValueError)"
+    for message in ("`rope_scaling` must be a dictionary with two fields, `type` and `factor`, got {'type': 'yarn'}",
+                    "rope_scaling must be a dictionary with two fields, type and factor, got {'rope_type': 'llama3'}",
+                    "`rope_scaling`'s type field must be one of ['linear', 'dynamic'], got llama3"):
+        assert root_of(f"Error loading model: {message}\n").exc_type == "ValueError", message
+        assert class_from_message(message) == "ValueError", message
+    # Newer transformers warns, with no class either, where a field is off: not a failure. Nor at INFO.
+    for text in ("`rope_scaling`'s factor field must be a float >= 1, got 0.5\n",
+                 "`rope_scaling`'s original_max_position_embeddings field must be less than max_position_embeddings, "
+                 "got 8192 and max_position_embeddings=4096\n",
+                 "INFO 01-02 03:04:05 [config.py:9] `rope_scaling` must be a dictionary with two fields, `type` and "
+                 "`factor`, got {'factor': 8.0}; converting\n"):
+        _, state = decode_bytes(text.encode())
+        assert state.failures_ranked() == [], text
+    # With its class it is the exception line, read once.
+    _, state = decode_bytes(f"ValueError: {line}\n".encode())
+    assert [(g.exc_type, g.basis) for g in state.failures_ranked()] == [
+        ("ValueError", "exception line without traceback header")]
+
+
+def test_vllm_sliding_window_refused_without_its_class() -> None:
+    # vllm-project/vllm#15705 (held-out set 21): the message alone in a code fence
+    line = ("Sliding window for some but all layers is not supported. This model uses sliding window but "
+            "`max_window_layers` = 28 is less than `num_hidden_layers` = 28. Please open an issue to discuss this "
+            "feature.")
+    root = root_of(line + "\n")
+    assert (root.exc_type, root.message) == ("ValueError", line)
+    assert root.basis == "vLLM message without its class (raised as ValueError)"
+    assert root_of("it fails with: Sliding window for some but all layers is not supported.\n").message == (
+        "Sliding window for some but all layers is not supported.")
+    # Some versions assert the same words: with its class printed, that class; its words alone tell no wrapper.
+    _, state = decode_bytes(f"AssertionError: {line}\n".encode())
+    assert [g.exc_type for g in state.failures_ranked()] == ["AssertionError"]
+    assert class_from_message(line) is None
+    _, state = decode_bytes(f"INFO 01-02 03:04:05 [qwen2.py:9] {line}\n".encode())
+    assert state.failures_ranked() == []
+
+
+def test_spawn_reraise_as_a_plain_exception() -> None:
+    # yangkky/distributed_tutorial#3 (held-out set 21): older PyTorch's mp.spawn raised Exception(msg), not
+    # ProcessRaisedException; the message says it re-raises the child's failure, which is the root cause.
+    text = (f'  File "{SP}/torch/multiprocessing/spawn.py", line 114, in join\n'
+            "    raise Exception(msg)\n"
+            "Exception: \n"
+            "\n"
+            "-- Process 0 terminated with the following error:\n"
+            "Traceback (most recent call last):\n"
+            f'  File "{SP}/torch/distributed/rendezvous.py", line 143, in _env_rendezvous_handler\n'
+            "    store = TCPStore(master_addr, master_port, world_size, start_daemon)\n"
+            "RuntimeError: Connection timed out\n")
+    _, state = decode_bytes(text.encode())
+    assert [(g.exc_type, g.tier) for g in state.failures_ranked()] == [("RuntimeError", 0), ("Exception", 2)]
+    # The child's exception line in the wrapper's own message is its quoted original, as for ProcessRaisedException.
+    root = root_of("Exception: \n\n-- Process 1 terminated with the following error:\n.\nAssertionError: bad rank\n")
+    assert (root.exc_type, root.message) == ("AssertionError", "bad rank")
+    # A plain Exception with other words is an original failure.
+    assert root_of("Exception: Process 0 could not start\n").tier == 0
+
+
+def test_an_exception_line_split_by_interleaved_ranks() -> None:
+    # deepspeedai/DeepSpeedExamples#787 (held-out set 21): ranks without prefixes write into one another's pieces
+    source = "super(_open_file, self).__init__(open(name, mode))"
+    error = "[Errno 2] No such file or directory: '/tmp/data_files/traindata_04ec.pt'"
+    text = (f'FileNotFoundError  File "{SP}/torch/serialization.py", line 251, in __init__\n'
+            f'  File "{SP}/torch/serialization.py", line 251, in __init__\n'
+            f"            {source}FileNotFoundError:         {source}{source}\n"
+            f": {error}{error}{source}{source}\n")
+    _, state = decode_bytes(text.encode())
+    (root,) = state.failures_ranked()
+    assert (root.exc_type, root.message, root.confidence) == ("FileNotFoundError", error, "likely")
+    assert root.basis == "exception line split by interleaved output (class and message joined)"
+    assert root.innermost is not None and root.innermost.function == "__init__"
+    # The class alone on its line, then its ": message" after another writer's line end.
+    root = root_of(f'Traceback (most recent call last):\n  File "/x/a.py", line 3, in f\n    {source}\n'
+                   f"FileNotFoundError\n: {error}\n")
+    assert (root.exc_type, root.message) == ("FileNotFoundError", error)
+    # A ": " line with no class above it ends nothing, and outside a traceback it is no failure.
+    _, state = decode_bytes(f'Traceback (most recent call last):\n  File "/x/a.py", line 3, in f\n    {source}\n'
+                            f": {error}\n".encode())
+    assert [g.basis for g in state.failures_ranked()] == ["traceback cut off before its exception line"]
+    _, state = decode_bytes(f"raised FileNotFoundError earlier\n: {error}\n".encode())
+    assert state.failures_ranked() == []

@@ -21,6 +21,9 @@ _CLASS_BY_MESSAGE = (
     # peft's refusal to merge adapters into a quantized or layer-replicated base model
     (re.compile(r"^Cannot merge (?:[\w-]+ ){0,2}layers when (?:the model is |base model layers are replicated)"),
      "ValueError"),
+    # an older transformers refusing a rope_scaling it cannot read (Llama 3.1's llama3 form)
+    (re.compile(r"^`?rope_(?:scaling|parameters)`?(?: must be a dictionary with (?:with )?two fields|'s type field "
+                r"must be one of )"), "ValueError"),
     (re.compile(r"^CUDA out of memory"), "torch.OutOfMemoryError"),
     (re.compile(r"^No module named '"), "ModuleNotFoundError"),
     (re.compile(r"index out of range$"), "IndexError"),

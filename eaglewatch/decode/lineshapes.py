@@ -45,6 +45,11 @@ RAY_MEMORY_KILL = "Killed by Ray's memory monitor"
 TORCH_CHECK_TYPE = "RuntimeError"  # the class a failed TORCH_CHECK raises (c10::Error, as Python sees it)
 CTYPES_MISSING_TYPE = "AttributeError"  # the class ctypes raises for a function a library does not export
 PEFT_MERGE_TYPE = "ValueError"  # the class peft raises when it refuses to merge adapters into the base model
+ROPE_SCALING_TYPE = "ValueError"  # the class transformers' config raises for a rope_scaling it cannot read
+# The class vLLM's Qwen2 model raises (0.7.3's, among others) when sliding window is on for some layers only,
+# whatever the two layer counts; other versions and models assert the same words (an AssertionError), which fails
+# only when the counts differ. So wrappers are not told this class (exclass.py): its words are not one class's.
+SLIDING_WINDOW_TYPE = "ValueError"
 # What a death by each signal is called (a shell's words), by its Linux number: a launcher that reports a child's
 # signal by number ran it on Linux, whatever machine reads the log.
 _LINUX_SIGNALS = {4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
@@ -369,6 +374,26 @@ SHAPES: tuple[Shape, ...] = (
                    r"|gptq quantized)|base model layers are replicated)"),
         _whole_match_as(PEFT_MERGE_TYPE), "peft message without its class (raised as ValueError)",
         ("https://github.com/huggingface/peft/issues/1704",), kind=KIND_TRACEBACK, quiet_too=False),
+    # Only the wordings transformers has always raised: "`rope_scaling`'s factor field must be a float >= 1, got"
+    # and the like are warnings in newer versions, which print them bare too. (This row's and the next one's
+    # triggers hold anchors the gate has already, "got " and "not ", so every line's test costs what it did.)
+    Shape(
+        "transformers-rope-scaling-refused", "an older transformers refuses a rope_scaling it cannot read (Llama "
+        "3.1's llama3 form), its class (ValueError) not printed", ("got {", "], got "),
+        re.compile(r"`?rope_(?:scaling|parameters)`?(?: must be a dictionary with (?:with )?two fields, `?type`? "
+                   r"and `?factor`?|'s type field must be one of \[[^\]]{0,200}\])[^\n]{0,40}?,? ?got "
+                   r"(?:\{[^{}]{0,1000}\}|\S+)"),
+        _whole_match_as(ROPE_SCALING_TYPE), "transformers message without its class (raised as ValueError)",
+        ("https://github.com/ShmuelRonen/ComfyUI_ChatterBox_Voice/issues/1",), kind=KIND_TRACEBACK,
+        quiet_too=False),
+    Shape(
+        "vllm-sliding-window-refused", "vLLM refuses a model whose sliding window covers some layers only "
+        "(Qwen2's max_window_layers), its class (ValueError) not printed", ("layers is not supported",),
+        re.compile(r"\bSliding window for some but all layers is not supported\.(?: This model uses sliding window "
+                   r"but `?max_window_layers`? = \d+ is less than `?\w+`? = \d+\.)?"
+                   r"(?: Please open an issue to discuss this feature\.)?"),
+        _whole_match_as(SLIDING_WINDOW_TYPE), "vLLM message without its class (raised as ValueError)",
+        ("https://github.com/vllm-project/vllm/issues/15705",), kind=KIND_TRACEBACK, quiet_too=False),
 )
 
 

@@ -86,6 +86,9 @@ _PROPAGATED_TYPES = frozenset({"ChildFailedError", "RayTaskError", "RayActorErro
 # torch.multiprocessing.spawn's parent re-raises a child's failure with the child's traceback as its message:
 # "ProcessRaisedException: \n\n-- Process 1 terminated with the following error:\nTraceback ...\nAssertionError".
 _SPAWN_CHILD = "terminated with the following error:"
+# Older PyTorch raised the same re-raise as a plain Exception, so its message, not its class, says what it is:
+# "Exception: \n\n-- Process 0 terminated with the following error:\nTraceback ...".
+_SPAWN_REPORT = re.compile(r"\s*-- Process \d+ " + _SPAWN_CHILD)
 _SECONDARY_TYPES = frozenset(
     {"KeyboardInterrupt", "SystemExit", "BrokenPipeError", "ConnectionResetError", "ConnectionAbortedError",
      "EOFError", "CancelledError", "ContextTerminated", "GeneratorExit", "ActorDiedError",
@@ -138,7 +141,8 @@ def exception_tier(exc: ExceptionRecord) -> int:
         return TIER_PROPAGATED
     if exc.short_type in _TOPLEVEL_TYPES or _TOPLEVEL.search(text):
         return TIER_TOPLEVEL
-    if _PROPAGATED.search(text) or exc.short_type.split("(")[0] in _PROPAGATED_TYPES:
+    if (_PROPAGATED.search(text) or exc.short_type.split("(")[0] in _PROPAGATED_TYPES
+            or _SPAWN_REPORT.match(exc.message) is not None):
         return TIER_PROPAGATED
     if exc.short_type in _SECONDARY_TYPES or _DEATH_REPORT.search(exc.message[:300]):
         return TIER_SECONDARY

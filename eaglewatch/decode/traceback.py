@@ -10,7 +10,8 @@ and returns finished :class:`TracebackEvent` objects. It understands
 * parts of tracebacks, as pasted or cut: frames with no ``Traceback`` header (indented or not), an exception
   line alone (``ValueError: Free memory on device ...``), an exception line after a stray source or caret line,
   a message and ``Traceback (most recent call last):`` on one line, Ray's ``ray::Actor.method() (pid=...)``
-  header, a debugger's "Exception has occurred: X" report (frames innermost first);
+  header, a debugger's "Exception has occurred: X" report (frames innermost first), an exception line that ranks
+  sharing one stream split (its ``": message"`` on a line of its own: ``interleaved.py``);
 * ``faulthandler``'s report of a fatal error ("Fatal Python error: Segmentation fault" with thread stacks).
 
 How a report begins is a table, :data:`START_RULES`. Reports that are not Python's are read by the readers of
@@ -49,6 +50,7 @@ from eaglewatch.decode.events import (
 from eaglewatch.decode.exclass import class_from_message
 from eaglewatch.decode.frames import frame_kind
 from eaglewatch.decode.gate import holds_any, make_gate
+from eaglewatch.decode.interleaved import glued_class, split_message
 from eaglewatch.decode.nativereports import ABORT_START, BASIS_BANNER, NativeReports
 from eaglewatch.decode.nativereports import ReportLine as _Line
 
@@ -73,6 +75,7 @@ BASIS_LOGGED = "exception message logged before its traceback, which is cut"
 BASIS_RAY = "Ray task report"
 BASIS_DEBUGGER = "debugger exception report (frames innermost first)"
 BASIS_FAULTHANDLER = "faulthandler dump"
+BASIS_INTERLEAVED = "exception line split by interleaved output (class and message joined)"
 
 _FILE = re.compile(r'\s*File "(?P<file>[^"]*)", line (?P<line>\d+|\?+)(?:,? in (?P<func>.*?))?\s*$')
 _EXC = re.compile(r"(?P<type>[A-Za-z_][\w.]*(?:\([\w.]+\))?)(?:(?P<colon>:)(?: ?(?P<msg>.*))?)?$")
@@ -91,6 +94,9 @@ _EXC_NAME = (r"(?:[A-Za-z_]\w*(?:\.|::))*"
              r"|(?:[a-z_]\w*\.)+(?:errors|exceptions)\.[A-Z]\w*")
 _BARE_AT_START = re.compile(r"(?P<type>" + _EXC_NAME + r"(?:\([\w.]+\))?)(?::(?: ?(?P<msg>.*))?$|$)")
 _BARE_INSIDE = re.compile(r"(?<![A-Za-z0-9_.])(?<!::)(?P<type>" + _EXC_NAME + r"(?:\([\w.]+\))?): ")
+# A class whose message other writers' output pushed to a line of its own (interleaved.py): glued anywhere in a line,
+# then its colon, spaces or the line's end.
+_GLUED_CLASS = re.compile(r"(?<![A-Za-z0-9_.])(?<!::)(?P<type>" + _EXC_NAME + r")(?=:|\s|$)")
 # A class whose name says nothing of errors (pyarrow.lib.PlasmaStoreFull, torch._dynamo.exc.Unsupported): only at
 # the start of a line, with a message, after at least two lowercase module names.
 _DOTTED_AT_START = re.compile(r"(?P<type>(?:[a-z_][a-z0-9_]*\.){2,}_?[A-Z][A-Za-z0-9]*): (?P<msg>\S.*)$")
@@ -807,6 +813,8 @@ class TracebackAssembler(NativeReports):
             # A new traceback before the last one's exception line: the last one was cut short.
             self._finish(out, complete=False)
             return False
+        if first == ":" and cur.frames and self._rejoin(msg, glued_class(self.text, _GLUED_CLASS)):
+            return True
         parsed = exception_line(msg)
         if parsed is not None and parsed[1].startswith("ray::") and _RAY_TASK.match(parsed[1]):
             # "RayTaskError(ValueError): ray::f() (pid=..)": the remote task's frames follow.
@@ -823,6 +831,21 @@ class TracebackAssembler(NativeReports):
         cur.exc_type = parsed[0]
         cur.msg_lines = [parsed[1]]
         cur.absorb = parsed[2] and not parsed[1].strip()
+        self.state = _AFTER_EXC
+        self.provisional_due = True
+        self._keep(msg)
+        return True
+
+    def _rejoin(self, msg: str, exc_type: Optional[str]) -> bool:
+        """``": message"`` on a line of its own, its class printed above it: one exception line, which other
+        writers' output split (interleaved.py)."""
+        message = split_message(msg) if exc_type is not None else None
+        if message is None:
+            return False
+        cur = self.cur
+        assert cur is not None
+        cur.exc_type, cur.msg_lines, cur.absorb = exc_type, [message], False
+        self.basis = BASIS_INTERLEAVED
         self.state = _AFTER_EXC
         self.provisional_due = True
         self._keep(msg)
@@ -862,6 +885,8 @@ class TracebackAssembler(NativeReports):
             cur.absorb = False
             self._keep(msg)
             return True
+        if msg[:1] == ":" and not any(line.strip() for line in cur.msg_lines) and self._rejoin(msg, cur.exc_type):
+            return True  # the class alone, then its ": message" after another writer's line end
         if cur.absorb and len(cur.msg_lines) == 1 and msg[:1] in (" ", "\t"):
             cur.absorb = False  # "RuntimeError: " and an indented message: Python's own layout, read below
         if cur.absorb and msg[:1] not in (" ", "\t") and not self._starts_something(msg):
@@ -1024,7 +1049,7 @@ class TracebackAssembler(NativeReports):
         basis = self.basis
         if not complete:
             confidence, basis = GUESS, BASIS_CUT
-        elif self.fragment or basis in (BASIS_BANNER, BASIS_JOINED) or BASIS_CHAIN_CUT in basis:
+        elif self.fragment or basis in (BASIS_BANNER, BASIS_JOINED, BASIS_INTERLEAVED) or BASIS_CHAIN_CUT in basis:
             confidence = LIKELY
         else:
             confidence = CERTAIN
