@@ -14,6 +14,8 @@ what the decoder reports (``docs/decode.md``, "Failure kinds"):
 ``Segmentation fault``          ``signal == "SIGSEGV"`` (a faulthandler dump, a fatal-signal banner, a death)
 ``Floating point exception``    ``signal == "SIGFPE"`` (the same, for an arithmetic fault)
 ``C++ abort``                   ``kind == "abort"`` (``terminate called after throwing ...``)
+``argparse error``              ``kind == "native"`` and ``exc_type == "Usage error"`` (argparse's
+                                ``PROG: error: ...``, with or without its ``usage:`` line)
 ==============================  ==========================================================================
 """
 
@@ -39,6 +41,7 @@ KINDS: dict[str, Callable[[FailureGroup], bool]] = {
     "Segmentation fault": lambda g: g.first.signal == "SIGSEGV",
     "Floating point exception": lambda g: g.first.signal == "SIGFPE",
     "C++ abort": lambda g: g.first.kind == "abort",
+    "argparse error": lambda g: g.first.kind == "native" and g.exc_type == "Usage error",
 }
 
 

@@ -610,3 +610,56 @@ def test_an_exception_line_split_by_interleaved_ranks() -> None:
     assert [g.basis for g in state.failures_ranked()] == ["traceback cut off before its exception line"]
     _, state = decode_bytes(f"raised FileNotFoundError earlier\n: {error}\n".encode())
     assert state.failures_ranked() == []
+
+
+def test_transformers_file_not_in_repo_without_its_class() -> None:
+    # AIGeeksGroup/3D-R1#12 (held-out set 22): the message alone, the whole description
+    line = "depth_anything_vitl14 does not appear to have a file named preprocessor_config.json"
+    root = root_of(line + "\n")
+    assert (root.exc_type, root.message) == ("OSError", line)
+    assert root.basis == "transformers message without its class (raised as OSError)"
+    for message in ("/ckpt/step-100 does not appear to have a file named config.json. Checkout "
+                    "'https://huggingface.co//ckpt/step-100/tree/None' for available files.",
+                    "TheBloke/Llama-2-7b does not appear to have a file named pytorch_model.bin, tf_model.h5, "
+                    "model.ckpt or flax_model.msgpack.",
+                    "org/model does not appear to have files named ('model-00002-of-00002.safetensors',). Checkout "
+                    "'https://huggingface.co/org/model/tree/main' for available files."):
+        assert (root_of(message + "\n").exc_type, root_of(message + "\n").message) == ("OSError", message)
+        assert class_from_message(message) == "OSError", message
+    # Inside a caller's sentence that goes on without the file, in prose, at INFO or DEBUG: not a failure.
+    for text in ("Failed to load generation config for org/m: org/m does not appear to have a file named "
+                 "generation_config.json. Checkout 'https://huggingface.co/org/m/tree/main' for available files.. "
+                 "Proceeding without generation config.\n",
+                 "My checkpoint does not appear to have a file named config.json, what should I copy?\n",
+                 "[TheBloke/Llama-2-7b does not appear to have a file named pytorch_model.bin](https://example.com)\n",
+                 "INFO 01-02 03:04:05 [config.py:9] org/m does not appear to have a file named "
+                 "generation_config.json\n"):
+        _, state = decode_bytes(text.encode())
+        assert state.failures_ranked() == [], text
+    # With its class it is the exception line, read once.
+    _, state = decode_bytes(f"OSError: {line}\n".encode())
+    assert [(g.exc_type, g.basis) for g in state.failures_ranked()] == [
+        ("OSError", "exception line without traceback header")]
+
+
+def test_spawn_child_ended_by_a_signal_is_its_death() -> None:
+    # lyu-yx/ACUMEN#4 (held-out set 23): mp.spawn's join reports the child's death; the signal is in the message
+    for name, tier in (("SIGKILL", 1), ("SIGSEGV", 0)):
+        text = (f'  File "{SP}/torch/multiprocessing/spawn.py", line 130, in join\n'
+                "    raise ProcessExitedException(\n"
+                f"torch.multiprocessing.spawn.ProcessExitedException: process 0 terminated with signal {name}\n")
+        _, state = decode_bytes(text.encode())
+        groups = state.failures_ranked()
+        assert [(g.exc_type, g.first.signal, g.tier) for g in groups] == [
+            ("ProcessDied", name, tier), ("torch.multiprocessing.spawn.ProcessExitedException", None, 2)]
+        assert groups[0].message == f"process 0 terminated with signal {name}"
+        assert groups[0].quoted_in == "ProcessExitedException"
+    # An exit code is no signal: the exception stays the failure, as it was.
+    root = root_of("torch.multiprocessing.spawn.ProcessExitedException: process 0 terminated with exit code 17\n")
+    assert (root.exc_type, root.first.signal, root.tier) == (
+        "torch.multiprocessing.spawn.ProcessExitedException", None, 0)
+    # The kernel's OOM-killer line in the log is that death already: one death, the notice's.
+    root = root_of("Out of memory: Killed process 4242 (python)\n"
+                   "torch.multiprocessing.spawn.ProcessExitedException: process 0 terminated with signal SIGKILL\n")
+    assert (root.exc_type, root.first.signal, root.message) == (
+        "ProcessDied", "SIGKILL", "Out of memory: Killed process 4242 (python)")

@@ -52,6 +52,9 @@ _OOM_NOTICE = re.compile(
     re.I,
 )
 _DIED = re.compile(r"\bdied\b|\bwas killed\b")
+# torch.multiprocessing.spawn's join on a child that a signal ended, as its ProcessExitedException's message (the
+# signal's name, not a number); a child that exited with a code is "... terminated with exit code 17", no death.
+SPAWN_SIGNALLED = re.compile(r"\s*process (?P<index>\d+) terminated with signal (?P<name>SIG[A-Z0-9+]+)\b")
 
 _SKIP_LEVELS = frozenset({"INFO", "DEBUG"})
 

@@ -24,6 +24,8 @@ _CLASS_BY_MESSAGE = (
     # an older transformers refusing a rope_scaling it cannot read (Llama 3.1's llama3 form)
     (re.compile(r"^`?rope_(?:scaling|parameters)`?(?: must be a dictionary with (?:with )?two fields|'s type field "
                 r"must be one of )"), "ValueError"),
+    # transformers (and diffusers) on a file a model's folder or Hub repository lacks: raised as EnvironmentError
+    (re.compile(r"^\S+ does not appear to have (?:a file|files) named "), "OSError"),
     (re.compile(r"^CUDA out of memory"), "torch.OutOfMemoryError"),
     (re.compile(r"^No module named '"), "ModuleNotFoundError"),
     (re.compile(r"index out of range$"), "IndexError"),

@@ -50,6 +50,7 @@ ROPE_SCALING_TYPE = "ValueError"  # the class transformers' config raises for a 
 # whatever the two layer counts; other versions and models assert the same words (an AssertionError), which fails
 # only when the counts differ. So wrappers are not told this class (exclass.py): its words are not one class's.
 SLIDING_WINDOW_TYPE = "ValueError"
+MISSING_FILE_TYPE = "OSError"  # the class transformers raises (as EnvironmentError) for a file a repo lacks
 # What a death by each signal is called (a shell's words), by its Linux number: a launcher that reports a child's
 # signal by number ran it on Linux, whatever machine reads the log.
 _LINUX_SIGNALS = {4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
@@ -394,6 +395,18 @@ SHAPES: tuple[Shape, ...] = (
                    r"(?: Please open an issue to discuss this feature\.)?"),
         _whole_match_as(SLIDING_WINDOW_TYPE), "vLLM message without its class (raised as ValueError)",
         ("https://github.com/vllm-project/vllm/issues/15705",), kind=KIND_TRACEBACK, quiet_too=False),
+    # The message must be the whole line: callers that go on without the file log the same words inside their own
+    # sentence ("Failed to load generation config for X: X does not appear to have a file named
+    # generation_config.json. ... Proceeding without generation config."), and prose quotes them. ("not " is an
+    # anchor the gate has already.)
+    Shape(
+        "transformers-file-not-in-repo", "transformers finds no such file in a model's folder or Hub repository "
+        "(X does not appear to have a file named F), its class (OSError) not printed", (" does not appear to have ",),
+        re.compile(r"[^\s'\"`]{1,300} does not appear to have (?:a file named [\w./\-]{1,200}(?:, [\w./\-]{1,200}){0,8}"
+                   r"(?:,? or [\w./\-]{1,200})?|files named \([^()]{1,1000}\)\.?)"
+                   r"(?: Checkout '[^'\s]{1,600}' for available files\.{0,2})?(?=\s*$)"),
+        _whole_match_as(MISSING_FILE_TYPE), "transformers message without its class (raised as OSError)",
+        ("https://github.com/AIGeeksGroup/3D-R1/issues/12",), kind=KIND_TRACEBACK, anchored=True, quiet_too=False),
 )
 
 

@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional
 
-from eaglewatch.decode.deaths import signal_name
+from eaglewatch.decode.deaths import SPAWN_SIGNALLED, signal_name
 from eaglewatch.decode.events import (
     CERTAIN,
     GUESS,
@@ -141,8 +141,9 @@ def exception_tier(exc: ExceptionRecord) -> int:
         return TIER_PROPAGATED
     if exc.short_type in _TOPLEVEL_TYPES or _TOPLEVEL.search(text):
         return TIER_TOPLEVEL
+    # torch.multiprocessing.spawn's report of a child ended by a signal re-reports that death (_quoted_failures)
     if (_PROPAGATED.search(text) or exc.short_type.split("(")[0] in _PROPAGATED_TYPES
-            or _SPAWN_REPORT.match(exc.message) is not None):
+            or _SPAWN_REPORT.match(exc.message) is not None or SPAWN_SIGNALLED.match(exc.message) is not None):
         return TIER_PROPAGATED
     if exc.short_type in _SECONDARY_TYPES or _DEATH_REPORT.search(exc.message[:300]):
         return TIER_SECONDARY
@@ -439,7 +440,7 @@ def _quoted_record(message: str, exc: Optional[ExceptionRecord] = None) -> Optio
 
 def _quoted_failures(group: FailureGroup) -> list[tuple[Failure, str]]:
     """Failures a wrapper's message quotes: ``Worker failed with error 'AssertionError: ...'``, torchrun's
-    "Root Cause (first observed failure)" block."""
+    "Root Cause (first observed failure)" block, torch.multiprocessing.spawn's child ended by a signal."""
     out: list[tuple[Failure, str]] = []
     first = group.first
     wrapper = group.root.short_type or group.exc_type
@@ -475,6 +476,14 @@ def _quoted_failures(group: FailureGroup) -> list[tuple[Failure, str]]:
                 text = f"rank {fields.get('rank', '?')} failed: exitcode {code or '?'}"
             death = ProcessDeath(lane=first.lane, subject=subject, signal=signal, text=text,
                                  line_no=first.line_no, level=first.level, time=first.time, source=first.source,
+                                 pid=getattr(first, "pid", None))
+            out.append((death, wrapper))
+        # "ProcessExitedException: process 0 terminated with signal SIGKILL": that child's death, by that signal
+        spawned = SPAWN_SIGNALLED.match(message)
+        if spawned is not None:
+            death = ProcessDeath(lane=first.lane, subject=f"process {spawned.group('index')}",
+                                 signal=spawned.group("name"), text=message.strip(), line_no=first.line_no,
+                                 level=first.level, time=first.time, source=first.source,
                                  pid=getattr(first, "pid", None))
             out.append((death, wrapper))
     return out
