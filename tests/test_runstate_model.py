@@ -261,3 +261,15 @@ def test_a_run_that_has_ended_forecasts_no_full_disk():
     model.feed_job("exited", {"code": 0}, {})
     view = model.snapshot()
     assert view.extraction.disk_full_in_s is None and view.extraction.disk_free == 50 * 1024**3
+
+
+def test_a_forecast_of_days_is_not_shown():
+    # An idle host's disk grows by a trickle: "full in 5073d" says nothing a job of hours can use.
+    model = RunModel("h", {"run": "r", "state": "running"})
+    sample = json.loads(H200X2_STREAM.read_text().splitlines()[0])
+    sample["host"]["disk"] = {"free": 50 * 1024**3, "total": 270 * 1024**3, "full_in_s": 438_000_000.0}
+    model.feed_telemetry(sample)
+    assert model.snapshot().extraction.disk_full_in_s is None
+    sample["host"]["disk"]["full_in_s"] = 36 * 3600.0
+    model.feed_telemetry(sample)
+    assert model.snapshot().extraction.disk_full_in_s == 36 * 3600.0

@@ -70,6 +70,7 @@ from eaglewatch.tui.runstate.view import (
 _EXTRACT_BAR = "Extracting"
 _BAR_NOTE_EVERY_S = 10.0
 _MAX_ALERTS = 200
+FULL_IN_SHOWN_S = 2 * 86400.0  # the longest "full in" forecast worth showing
 _AFTER_LOADING = (p.PHASE_EXTRACTING, p.PHASE_DONE, p.PHASE_FAILED)
 # vLLM loads a drafter after the target; extraction's drafter has no weights, so the loader's timer never starts
 # and its "Loading weights took N seconds" is the host's uptime (13053 s for a 0.01 s load).
@@ -676,8 +677,10 @@ class RunModel:
         )
 
     def _full_in(self, disk: dict) -> float | None:
-        # When the disk fills at its recent growth: a forecast of this job's writing, so none once it has ended.
-        return _float(disk.get("full_in_s")) if self._running() else None
+        # When the disk fills at its recent growth: a forecast of this job's writing, so none once it has ended, and
+        # none beyond FULL_IN_SHOWN_S (a slow trickle's "full in 5073d" is noise beside a job of hours).
+        full_in = _float(disk.get("full_in_s")) if self._running() else None
+        return full_in if full_in is not None and 0 < full_in <= FULL_IN_SHOWN_S else None
 
     def _gpu_views(self) -> tuple[GpuView, ...]:
         views = []
