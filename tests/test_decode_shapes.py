@@ -663,3 +663,66 @@ def test_spawn_child_ended_by_a_signal_is_its_death() -> None:
                    "torch.multiprocessing.spawn.ProcessExitedException: process 0 terminated with signal SIGKILL\n")
     assert (root.exc_type, root.first.signal, root.message) == (
         "ProcessDied", "SIGKILL", "Out of memory: Killed process 4242 (python)")
+
+
+def test_indented_traceback_reads_its_exception_and_chain_lines() -> None:
+    # deepspeedai/DeepSpeed#6625 (held-out set 24): pip indents a setup script's output under "[28 lines of
+    # output]"; the chain's first exception is complete, the second traceback is cut by the paste.
+    pad = "      "
+    text = (f"  ╰─> [28 lines of output]\n{pad}Traceback (most recent call last):\n"
+            f'{pad}  File "op_builder/builder.py", line 398, in cpu_arch\n'
+            f"{pad}    from cpuinfo import get_cpu_info\n"
+            f"{pad}ModuleNotFoundError: No module named 'cpuinfo'\n\n"
+            f"{pad}During handling of the above exception, another exception occurred:\n\n"
+            f"{pad}Traceback (most recent call last):\n"
+            f'{pad}  File "setup.py", line 200, in <module>\n'
+            f"{pad}    ext_modules.append(builder.builder())\n")
+    groups = decode_bytes(text.encode())[1].failures_ranked()
+    assert [(g.exc_type, g.message) for g in groups] == [("ModuleNotFoundError", "No module named 'cpuinfo'")]
+    assert "chained part cut off" in groups[0].basis
+    # Whole, it is the chain as Python prints it, unindented.
+    whole = text + f"{pad}KeyError: 'cxx'\n"
+    root = root_of(whole)
+    assert (root.exc_type, root.first.complete) == ("ModuleNotFoundError", True)
+    assert [e.exc_type for e in root.first.exceptions] == ["ModuleNotFoundError", "KeyError"]
+
+
+def test_grpc_error_repr_logged_before_a_cut_traceback() -> None:
+    # ray-project/ray#16059 (held-out set 24): the data channel logs the RPC error, then its thread re-raises it and
+    # the paste is cut before the exception line.
+    repr_lines = ("Got Error from data channel -- shutting down: <_MultiThreadedRendezvous of RPC that terminated "
+                  "with:\n\tstatus = StatusCode.UNKNOWN\n"
+                  '\tdetails = "Exception iterating responses: Request type None not handled"\n'
+                  '\tdebug_error_string = "{"grpc_status":2}"\n>\n')
+    text = (repr_lines + "Exception in thread Thread-23:\nTraceback (most recent call last):\n"
+            f'  File "{SP}/ray/util/client/dataclient.py", line 90, in _data_main\n    raise e\n')
+    groups = decode_bytes(text.encode())[1].failures_ranked()
+    assert [(g.exc_type, g.message) for g in groups][0] == (
+        "_MultiThreadedRendezvous", "Exception iterating responses: Request type None not handled")
+    assert groups[0].basis == "gRPC error repr (no traceback of its own)"
+    assert len(groups) == 2 and not groups[1].first.complete
+    # As an exception line it stays the exception line, its class in full.
+    root = root_of("grpc._channel._InactiveRpcError: <_InactiveRpcError of RPC that terminated with:\n"
+                   "\tstatus = StatusCode.UNAVAILABLE\n\tdetails = \"failed to connect to all addresses\"\n>\n")
+    assert (root.exc_type, root.basis) == ("grpc._channel._InactiveRpcError", "exception line without traceback header")
+    # Logged at INFO (a retry) it is no failure.
+    info = ("2024-01-01 10:00:00,123 INFO client.py:12 -- retrying: <_InactiveRpcError of RPC that terminated with:\n"
+            "\tstatus = StatusCode.UNAVAILABLE\n\tdetails = \"x\"\n>\n")
+    assert decode_bytes(info.encode())[1].failures_ranked() == []
+
+
+def test_exception_repr_in_a_failed_events_field() -> None:
+    # vllm-project/vllm#1644 (held-out set 24): httpcore's trace record of a failed TLS start
+    line = ("httpcore.connection:starttls.failed exception=ConnectError(SSLCertVerificationError(1, '[SSL: "
+            "CERTIFICATE_VERIFY_FAILED] certificate verify failed: unable to get local issuer certificate "
+            "(_ssl.c:1124)'))\n")
+    root = root_of(line)
+    assert root.exc_type == "SSLCertVerificationError"
+    assert root.message.startswith("[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed")
+    assert root_of("connect_tcp.failed exception=ConnectError(\"All connection attempts failed\")\n").exc_type == (
+        "ConnectError")
+    for text in ("DEBUG:httpcore.connection:connect_tcp.failed exception=ConnectError(OSError(111, 'refused'))\n",
+                 "receive_response_headers.complete return_value=(b'HTTP/1.1', 200, b'OK')\n",
+                 "job failed exception=Thing('not an exception class')\n",
+                 "request started exception=ValueError('no failure word')\n"):
+        assert decode_bytes(text.encode())[1].failures_ranked() == [], text

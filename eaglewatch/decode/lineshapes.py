@@ -33,6 +33,7 @@ from eaglewatch.decode.events import (
 from eaglewatch.decode.exclass import class_from_message
 from eaglewatch.decode.frames import frame_kind
 from eaglewatch.decode.gate import holds_any, make_gate
+from eaglewatch.decode.nativereports import BASIS_RPC
 from eaglewatch.decode.stackdump import BASIS_STACK_DUMP
 
 WATCHDOG_TYPE = "NCCL watchdog timeout"
@@ -225,6 +226,14 @@ def _whole_match_as(exc_type: str) -> Callable[[re.Match[str], str], Reading]:
     return read
 
 
+def _field_repr(found: re.Match[str], msg: str) -> Reading:
+    # The innermost class is what failed; the wrapper (httpcore's ConnectError) only carries it.
+    return Reading(found.group("inner") or found.group("outer"), found.group("msg"))
+
+
+# A class name as an exception's repr starts: an exception-like ending, so that "exception=Foo(...)" with any
+# other object is not read.
+_EXC_CLASS = r"(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Timeout|Exit|Interrupt)"
 _RAY_STATUS = re.compile(r"\b(?P<status>IOError|Invalid|NotFound|TimedOut|OutOfMemory|ObjectStoreFull|OutOfDisk"
                          r"|RpcError|NotImplemented|UnknownError): (?P<msg>\S.*)")
 
@@ -407,6 +416,16 @@ SHAPES: tuple[Shape, ...] = (
                    r"(?: Checkout '[^'\s]{1,600}' for available files\.{0,2})?(?=\s*$)"),
         _whole_match_as(MISSING_FILE_TYPE), "transformers message without its class (raised as OSError)",
         ("https://github.com/AIGeeksGroup/3D-R1/issues/12",), kind=KIND_TRACEBACK, anchored=True, quiet_too=False),
+    # A trace record's "<event>.failed exception=<repr>" (httpcore's; its level is DEBUG, so a retried connection
+    # is no failure where a level is printed). Only a repr that is an exception class, at most one wrapping
+    # another, its arguments an optional errno and one quoted message, and the field after a word of failure.
+    Shape(
+        "exception-repr-field", "an exception's repr in a logger's exception= field after a failed event "
+        "(httpcore's trace records), the innermost class named", ("failed exception=",),
+        re.compile(r"\bfailed exception=(?P<outer>" + _EXC_CLASS + r")\((?:(?P<inner>" + _EXC_CLASS + r")\()?"
+                   r"(?:-?\d{1,5}, )?(?P<q>['\"])(?P<msg>[^'\"]{1,2000})(?P=q)\)\)?(?=\W|$)"),
+        _field_repr, "exception repr in a log record's field", ("https://github.com/vllm-project/vllm/issues/1644",),
+        kind=KIND_TRACEBACK, window=2000, quiet_too=False),
 )
 
 
@@ -428,6 +447,9 @@ REPORTS: tuple[ReportShape, ...] = (
                 "stuck", "stackdump", BASIS_STACK_DUMP, ("https://github.com/vllm-project/vllm/issues/2731",)),
     ReportShape("stack-dump-py-spy", "py-spy dump of a live process: each thread's stack, the one that matters "
                 "named", "stackdump", BASIS_STACK_DUMP, ("https://github.com/vllm-project/vllm/issues/50835",)),
+    ReportShape("grpc-error-repr", "gRPC's error repr logged without a traceback (`_X of RPC that terminated with:`,"
+                " then its status and details): the repr's class, the message from its details", "nativereports",
+                BASIS_RPC, ("https://github.com/ray-project/ray/issues/16059",)),
 )
 
 # The decoder's whole test of whether a line may be one of the rows, made from every row's triggers (gate.py).

@@ -1,6 +1,7 @@
-"""Reports that are not Python's, read line by line by the traceback assembler: a C++ exception that ended in
-``std::terminate``, a Rust panic, a fatal-signal banner (abseil's, Ray's), and eaglewatch's own preflight check
-lines. Their start rules are rows of ``traceback.START_RULES``; their readers are here, mixed into
+"""Reports that are not Python's tracebacks, read line by line by the traceback assembler: a C++ exception that
+ended in ``std::terminate``, a Rust panic, a fatal-signal banner (abseil's, Ray's), a gRPC error's multi-line repr
+logged without a traceback, and eaglewatch's own preflight check lines. Their start rules are rows of
+``traceback.START_RULES``; their readers are here, mixed into
 :class:`~eaglewatch.decode.traceback.TracebackAssembler`, whose state they fill (the current exception, the
 report's text, its kind and basis). ``traceback.py`` keeps Python's tracebacks, chains and groups.
 """
@@ -52,6 +53,13 @@ _BANNER_SIGNALS = {"Segfault": "SIGSEGV", "Segmentation fault": "SIGSEGV", "Bus 
                    "Illegal instruction": "SIGILL", "Floating point exception": "SIGFPE", "Abort": "SIGABRT"}
 _CHECK = re.compile(r"\s*\[(?P<mark>FAIL|warn)\] (?P<name>\S(?:.*?\S)?)(?: {2,}(?P<reason>\S.*))?$")
 _PREFLIGHT_FAILED = re.compile(r"preflight: FAILED(?: \((?P<detail>[^)]*)\))?")
+# grpc's RpcError as str() prints it (_InactiveRpcError, _MultiThreadedRendezvous): "<_X of RPC that terminated
+# with:", then "\tstatus = StatusCode.UNKNOWN", "\tdetails = "..."", "\tdebug_error_string = "..."" and ">". The
+# class is the repr's; the failure, often the server's own exception, is in ``details``.
+RPC_TERMINATED = " of RPC that terminated with:"
+BASIS_RPC = "gRPC error repr (no traceback of its own)"
+_RPC_REPR = re.compile(r"<(?P<cls>_[A-Z]\w*)" + RPC_TERMINATED + r"\s*$")
+_RPC_FIELD = re.compile(r"\s+(?P<key>status|details|debug_error_string) = (?P<value>.*?)\s*$")
 _NUM_SIGNALS = {"4": "SIGILL", "6": "SIGABRT", "7": "SIGBUS", "8": "SIGFPE", "9": "SIGKILL", "11": "SIGSEGV"}
 
 
@@ -63,6 +71,8 @@ class NativeReports:
     STATE_FATAL: int
     STATE_ABORT: int
     STATE_CHECKLINE: int
+    STATE_RPC: int
+    fragment: bool
     MAX_MESSAGE_LINES: int
     cur: Any
     kind: str
@@ -105,6 +115,36 @@ class NativeReports:
             self.abort_seen.add("panic message")  # the old layout: the message is on this line
         self.state = self.STATE_ABORT
         self.provisional_due = True
+        return True
+
+    def _start_rpc(self, c: ReportLine) -> bool:
+        found = _RPC_REPR.search(c.msg)
+        if found is None:
+            return False
+        self._begin(c.level, c.time, c.source, c.line_no, c.prev_msg, c.prev_record)
+        self.basis = BASIS_RPC
+        self.fragment = True  # no traceback: what it was raised from is not in the log
+        self.cur = self._new_exc()
+        self.cur.exc_type = found.group("cls")
+        self.cur.msg_lines = [""]
+        self.state = self.STATE_RPC
+        return True
+
+    def _rpc_line(self, msg: str, out: list[TracebackEvent]) -> bool:
+        """A line of the repr; False (and the report ends) at any other."""
+        found = _RPC_FIELD.match(msg)
+        if found is None:
+            closing = msg.strip() == ">"
+            if closing:
+                self._keep(msg)
+            self._finish(out)
+            return closing
+        self._keep(msg)
+        key, value = found.group("key"), found.group("value")
+        if key == "details" or (key == "status" and not self.cur.msg_lines[0]):
+            # The details say what failed; a status alone (details = None) is all there is.
+            self.cur.msg_lines = [value[1:-1] if value[:1] == '"' and value[-1:] == '"' else value]
+            self.provisional_due = key == "details"
         return True
 
     def _start_abort(self, c: ReportLine) -> bool:

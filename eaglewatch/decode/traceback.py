@@ -51,7 +51,7 @@ from eaglewatch.decode.exclass import class_from_message
 from eaglewatch.decode.frames import frame_kind
 from eaglewatch.decode.gate import holds_any, make_gate
 from eaglewatch.decode.interleaved import glued_class, split_message
-from eaglewatch.decode.nativereports import ABORT_START, BASIS_BANNER, NativeReports
+from eaglewatch.decode.nativereports import ABORT_START, BASIS_BANNER, RPC_TERMINATED, NativeReports
 from eaglewatch.decode.nativereports import ReportLine as _Line
 
 TB_START = "Traceback (most recent call last):"
@@ -156,8 +156,8 @@ MAX_MESSAGE_LINES = 60
 MAX_FOREIGN = 200
 
 # States
-_IDLE, _FRAMES, _AFTER_EXC, _CHAIN, _GROUP, _FATAL, _ABORT, _DEBUGGER, _CHECKLINE = range(9)
-_SHOWN_STATES = (_AFTER_EXC, _GROUP, _FATAL, _ABORT, _DEBUGGER, _CHECKLINE)
+_IDLE, _FRAMES, _AFTER_EXC, _CHAIN, _GROUP, _FATAL, _ABORT, _DEBUGGER, _CHECKLINE, _RPC = range(10)
+_SHOWN_STATES = (_AFTER_EXC, _GROUP, _FATAL, _ABORT, _DEBUGGER, _CHECKLINE, _RPC)
 
 
 def starts_block(msg: str) -> bool:
@@ -344,6 +344,7 @@ class TracebackAssembler(NativeReports):
         "survived", "chain", "cur", "text", "foreign", "kind", "signal", "group_lines", "abort_seen", "stacks",
         "last_consumed", "fragment", "basis", "flat", "after_frame", "provisional_due", "pending_exc",
         "reverse", "abort_junk", "started_by", "prev_indented", "ipython", "run_first", "pending_basis",
+        "margin",
     )
 
     def __init__(self, lane: str, pid: Optional[int] = None) -> None:
@@ -384,6 +385,9 @@ class TracebackAssembler(NativeReports):
         self.abort_junk = 0
         self.started_by = ""  # "header", "frame", "exception", ...
         self.ipython = False  # IPython's layout of frames
+        # The indent of a header printed indented (pip's "[28 lines of output]" block): Python's layout
+        # is read beneath it, so its exception and chain lines, at the header's indent, are not source lines.
+        self.margin = ""
 
     @property
     def active(self) -> bool:
@@ -425,7 +429,9 @@ class TracebackAssembler(NativeReports):
         self.last_consumed = True
         self.prev_indented = prev_msg is not None and (prev_msg[:1] in (" ", "\t") or _is_caret(prev_msg.strip()))
         if self.state != _IDLE:
-            if self._continue(msg, level, time, source, line_no, out):
+            margin = self.margin
+            read = msg[len(margin):] if margin and msg.startswith(margin) else msg
+            if self._continue(read, level, time, source, line_no, out):
                 return out
         self.last_consumed = False
         self._maybe_start(msg, level, time or recent_time, source, line_no, prev_msg, prev_record, out)
@@ -470,6 +476,8 @@ class TracebackAssembler(NativeReports):
         self.cur = _Exc(None)
         self.state = _FRAMES
         self.started_by = "header"
+        if not c.msg.startswith(TB_START):
+            self.margin = c.msg[: len(c.msg) - len(c.stripped)]
         if self.record_key is not None and c.prev_record == self.record_key and self.run_first:
             self._logged_message(self.run_first)
         return True
@@ -664,7 +672,7 @@ class TracebackAssembler(NativeReports):
             self.pending_basis = BASIS_LOGGED
 
     # What the readers of NativeReports use of the assembler.
-    STATE_FATAL, STATE_ABORT, STATE_CHECKLINE = _FATAL, _ABORT, _CHECKLINE
+    STATE_FATAL, STATE_ABORT, STATE_CHECKLINE, STATE_RPC = _FATAL, _ABORT, _CHECKLINE, _RPC
     MAX_MESSAGE_LINES = MAX_MESSAGE_LINES
     _starts_block = staticmethod(starts_block)
 
@@ -734,6 +742,8 @@ class TracebackAssembler(NativeReports):
             return False
         if state == _DEBUGGER:
             return self._debugger_line(msg, level, source, out)
+        if state == _RPC:
+            return self._rpc_line(msg, out)
         if state == _CHECKLINE:
             return self._check_line(msg, level, out)
         return False
@@ -1231,6 +1241,9 @@ START_RULES: tuple[StartRule, ...] = (
     StartRule("Ray task header", ("ray::",), "_start_ray_task"),
     StartRule("exception line", (*EXCEPTION_SUFFIXES, ".errors.", ".exceptions.", _STATE_DICT, "][FILE:"),
               "_start_bare", at_any_level=False, also=_lower_dotted),
+    # After the exception line's rule, so that "grpc._channel._InactiveRpcError: <_InactiveRpcError of ..." stays
+    # an exception line; this one reads the repr logged on its own, as code that caught the error prints it.
+    StartRule("gRPC error repr", (RPC_TERMINATED,), "_start_rpc", at_any_level=False),
 )
 start_gate = make_gate(trigger for rule in START_RULES for trigger in rule.triggers)
 # Each rule with its trigger test and its reader, looked up once.
