@@ -12,10 +12,7 @@ SAMPLES=${1:-256}
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 W=${WORKDIR:-/tmp/fp8}
 mkdir -p "$OUT" "$W"
-LAYOUT=/tmp/ew
-rm -rf "$LAYOUT" && mkdir -p "$LAYOUT" && cp -rL "$REPO/eaglewatch" "$LAYOUT/"
-export PYTHONPATH=$LAYOUT:/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-export VLLM_WORKER_MULTIPROC_METHOD=spawn
+. "$REPO/bench/gpu_env.sh"
 say() { echo "[fp8 +${SECONDS}s] $*" | tee -a "$OUT/console.txt"; }
 if [ ! -e "$W/model/config.json" ]; then
     say "model"

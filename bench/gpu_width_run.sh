@@ -16,10 +16,7 @@ PHASE=${PHASE:?set PHASE to disk or feeding}
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 W=${WORKDIR:-/tmp/width}
 mkdir -p "$OUT" "$W"
-LAYOUT=/tmp/ew
-rm -rf "$LAYOUT" && mkdir -p "$LAYOUT" && cp -rL "$REPO/eaglewatch" "$LAYOUT/"
-export PYTHONPATH=$LAYOUT:/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-export VLLM_WORKER_MULTIPROC_METHOD=spawn
+. "$REPO/bench/gpu_env.sh"
 say() { echo "[width +${SECONDS}s] $*" | tee -a "$OUT/console.txt"; }
 model() {  # folder, then make-tiny-model's extra flags
     local dest=$1; shift
