@@ -122,9 +122,13 @@ class FailurePanel(OptionList):
         if view.failures == self.failures:
             return
         keep = self.highlighted
-        # The highlight stays on its failure (a provisional one refined in place keeps its ident), else its row.
+        # The highlight stays on its failure (a provisional one refined in place keeps its ident), else its row;
+        # but a new root cause at the top takes it, so that a short panel does not scroll the root cause away.
         kept = self.failures[keep].ident if self.failures and keep is not None and keep < len(self.failures) else None
+        first = self.failures[0].ident if self.failures else None
         self.failures = view.failures
+        if view.failures and first is not None and view.failures[0].ident != first:
+            keep, kept = 0, None
         self._set_rows(keep, kept)
 
     @property
